@@ -1,0 +1,19 @@
+"""ckpt-lab: activation checkpointing, built from scratch and measured.
+
+The names lessons and outside users call live here; each comes from a small module named for
+what it does (`memory`, `checkpoint`, ...).
+"""
+from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
+from .memory import MemoryLog, SimulatedOutOfMemoryError, phase, track_memory
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "MemoryLog",
+    "SimulatedOutOfMemoryError",
+    "checkpoint",
+    "checkpoint_sequential",
+    "phase",
+    "track_memory",
+]
