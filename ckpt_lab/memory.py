@@ -208,3 +208,61 @@ def _note_cuda_max():
     m = torch.cuda.max_memory_allocated()
     for log in _active():
         log._cuda_max = max(getattr(log, "_cuda_max", 0), m)
+
+
+@dataclass
+class LayerProfile:
+    """What one layer of a chain costs: bytes kept for backward, output bytes, forward time."""
+
+    name: str
+    act_bytes: int
+    out_bytes: int
+    forward_seconds: float
+
+
+def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfile]:
+    """Profile a chain layer by layer: the input the planner and the formulas need.
+
+    `act_bytes[i]` counts the storages that layer i is first to save for backward (its own
+    intermediates, its output if it saves it, its input if no earlier layer saved that already),
+    so the sum over any run of layers is exactly what that run pins. `out_bytes[i]` is the size
+    of its output. Forward time is the median of `repeats` runs with grad enabled.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    if isinstance(layers, torch.nn.Module):
+        named = list(layers.named_children())
+    else:
+        named = [(str(i), layer) for i, layer in enumerate(layers)]
+    if not named:
+        raise ValueError("profile_layers needs at least one layer")
+    saved: dict[int, torch.UntypedStorage] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        saved.setdefault(id(st), st)
+        return t
+
+    log = MemoryLog()
+    tracker = _Tracker(log)
+    x = x.detach().requires_grad_(x.is_floating_point())
+    graph, out, pinned_before = [], [], 0
+    try:
+        for name, layer in named:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                layer(x)
+                if x.is_cuda:
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = layer(x)
+            graph.append(y)
+            pinned = sum(tracker._refs[k][1] for k in saved if k in tracker._refs)
+            out.append(LayerProfile(name, pinned - pinned_before, y.untyped_storage().nbytes(),
+                                    sorted(times)[len(times) // 2]))
+            pinned_before, x = pinned, y
+    finally:
+        tracker.detach()
+    return out
