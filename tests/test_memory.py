@@ -1,0 +1,217 @@
+"""track_memory against hand counts, and its behaviour at the edges (nesting, limits, speed)."""
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from ckpt_lab import SimulatedOutOfMemoryError, phase, profile_layers, track_memory
+
+F32 = 4
+
+
+def mlp(width, depth, seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("batch,width,depth", [(8, 16, 1), (32, 64, 4), (7, 33, 6)])
+def test_forward_saved_bytes_equal_hand_count(batch, width, depth):
+    # Linear saves its input (already counted) and its weight (a parameter: not counted);
+    # ReLU saves its output. So after forward each block pins one (batch, width) fp32 tensor,
+    # and the last output is the one the caller holds.
+    model, x = mlp(width, depth), torch.randn(batch, width)
+    with track_memory() as mem:
+        y = model(x)
+    act = batch * width * F32
+    assert mem.current_bytes == depth * act
+    # peak: every block's ReLU output plus the Linear output alive while ReLU runs
+    assert mem.peak_bytes == depth * act + act
+    del y
+
+
+@pytest.mark.parametrize("batch,width", [(16, 32), (64, 8), (5, 17)])
+def test_training_step_peak_equals_hand_count(batch, width):
+    # One Linear+ReLU block, input without grad. The moments that can be the peak:
+    #   forward: Linear output and ReLU output alive together            2*act
+    #   backward, ReLU node: its saved output + incoming grad, plus the
+    #     loss scalar and the ones() seed grad (4 bytes each)            2*act + 8
+    #   backward, Linear node: ReLU grad + weight grad + bias grad + 8   act + params + 8
+    # (the ReLU output is released as soon as its node has run).
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(width, width), nn.ReLU()), torch.randn(batch, width)
+    act, params = batch * width * F32, (width * width + width) * F32
+    with track_memory() as mem:
+        model(x).sum().backward()
+    assert mem.peak_bytes == max(2 * act, 2 * act + 8, act + params + 8)
+    assert mem.current_bytes == params  # only the .grad tensors outlive the step
+    assert mem.phase_peaks()["forward"] == 2 * act
+
+
+def test_views_are_counted_once_and_preexisting_tensors_not_at_all():
+    x = torch.randn(256)
+    with track_memory() as mem:
+        v = x.view(16, 16).t()      # a view of an outside tensor: nothing new
+        y = x * 2                   # new storage: 1 KiB
+        s = y[::2].reshape(8, 16)   # still expressible with strides: a view, nothing new
+        z = y.view(16, 16).t().contiguous()  # a transpose made contiguous is a copy: 1 KiB
+        w = y.view(16, 16)          # a view: nothing new
+    assert mem.peak_bytes == 2 * 256 * F32
+    assert mem.current_bytes == 2 * 256 * F32
+    assert s.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+    del v, s, z, w, y
+
+
+def test_release_is_noticed_immediately():
+    with track_memory() as mem:
+        a = torch.ones(1000)
+        b = torch.ones(1000)
+        del a
+        c = torch.ones(500)
+    assert mem.peak_bytes == 2000 * F32
+    assert mem.current_bytes == 1500 * F32
+    assert [p.live_bytes for p in mem.timeline] == [4000, 8000, 6000]
+    del b, c
+
+
+def test_nested_and_repeated_use():
+    with track_memory() as outer:
+        a = torch.ones(100)
+        with track_memory() as inner:
+            b = torch.ones(300)
+            del b
+        c = torch.ones(50)
+    assert inner.peak_bytes == 300 * F32 and inner.current_bytes == 0
+    assert outer.peak_bytes == 400 * F32 and outer.current_bytes == 150 * F32
+    for _ in range(3):
+        with track_memory() as again:
+            d = torch.ones(10)
+        assert again.peak_bytes == again.current_bytes == 10 * F32
+    del a, c, d
+
+
+def test_numbers_freeze_when_block_ends():
+    with track_memory() as mem:
+        a = torch.ones(64)
+    del a
+    assert mem.current_bytes == 64 * F32
+
+
+def test_phases_are_labelled():
+    model, x = mlp(8, 2), torch.randn(4, 8, requires_grad=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with track_memory() as mem:
+        model(x).sum().backward()
+        with phase("optimizer"):
+            opt.step()
+    phases = {p.phase for p in mem.timeline}
+    assert phases == {"forward", "backward", "optimizer"}
+    order = [p.phase for p in mem.timeline]
+    assert order.index("backward") > max(i for i, p in enumerate(order) if p == "forward")
+
+
+def test_limit_raises_an_out_of_memory_error_with_numbers():
+    model, x = mlp(64, 4), torch.randn(32, 64)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with track_memory(limit_bytes=20_000):
+            model(x).sum().backward()
+    err = info.value
+    assert isinstance(err, SimulatedOutOfMemoryError)
+    assert err.live_bytes > err.limit_bytes == 20_000
+    assert "20,000" in str(err)
+    with track_memory(limit_bytes=10**9) as mem:
+        model(x).sum().backward()
+    assert mem.peak_bytes > 20_000
+
+
+def test_limit_raised_inside_backward_keeps_its_type():
+    x = torch.randn(64, 64, requires_grad=True)
+    y = (x @ x).relu().sum()
+    with pytest.raises(SimulatedOutOfMemoryError):
+        with track_memory(limit_bytes=64 * 64 * F32 - 1):
+            y.backward()
+
+
+def test_bad_limit():
+    with pytest.raises(ValueError, match="limit_bytes"):
+        with track_memory(limit_bytes=-1):
+            pass
+
+
+def test_cuda_peak_is_none_on_cpu():
+    with track_memory() as mem:
+        torch.ones(3)
+    if not torch.cuda.is_available():
+        assert mem.cuda_peak_bytes is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_peak_matches_allocator():
+    x = torch.randn(1024, 1024, device="cuda")
+    with track_memory() as mem:
+        y = x @ x
+        z = y.relu()
+        del y
+    assert mem.peak_bytes == 2 * 1024 * 1024 * F32
+    assert mem.peak_bytes <= mem.cuda_peak_bytes < mem.peak_bytes + 16 * 2**20
+    del z
+
+
+def test_tracker_costs_less_than_double_a_training_step():
+    torch.manual_seed(0)
+    model = mlp(512, 4)
+    x = torch.randn(256, 512)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+
+    def timed(tracked):
+        start = time.perf_counter()
+        if tracked:
+            with track_memory():
+                step()
+        else:
+            step()
+        return time.perf_counter() - start
+
+    for _ in range(3):
+        step()
+    plain, tracked = [], []
+    for _ in range(7):
+        plain.append(timed(False))
+        tracked.append(timed(True))
+    ratio = sorted(tracked)[3] / sorted(plain)[3]
+    assert ratio < 2.0, f"tracker slowed the step {ratio:.2f}x"
+
+
+def test_profile_layers_attributes_each_storage_once():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32), nn.Dropout(0.1),
+                          nn.Linear(32, 8))
+    prof = profile_layers(model, torch.randn(16, 64))
+    assert [p.name for p in prof] == ["0", "1", "2", "3", "4"]
+    assert [p.out_bytes for p in prof] == [16 * 128 * F32, 16 * 128 * F32, 16 * 32 * F32,
+                                           16 * 32 * F32, 16 * 8 * F32]
+    # Linear saves only its input; ReLU its output; Dropout its float mask; the last Linear
+    # is the first to pin Dropout's output.
+    assert [p.act_bytes for p in prof] == [0, 16 * 128 * F32, 0, 16 * 32 * F32, 16 * 32 * F32]
+    # The sum is exactly what the whole chain pins after forward (minus the output we hold).
+    x = torch.randn(16, 64)
+    with track_memory() as mem:
+        y = model(x)
+        out = y.untyped_storage().nbytes()
+    assert sum(p.act_bytes for p in prof) == mem.current_bytes - out
+    assert all(p.forward_seconds > 0 for p in prof)
+
+
+def test_profile_layers_bad_input():
+    with pytest.raises(ValueError):
+        profile_layers([], torch.randn(2))
+    with pytest.raises(ValueError):
+        profile_layers([nn.ReLU()], torch.randn(2), repeats=0)
