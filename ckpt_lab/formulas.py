@@ -1,0 +1,386 @@
+"""Memory and compute of training, predicted with plain arithmetic (no tensors).
+
+Everything here is a function of sizes and dtypes, so it can price a 70B model on a laptop.
+`ckpt_lab.memory` measures the same quantities; the tests hold the two to each other.
+
+Sections: model state (params, grads, optimizer) per parameter; activations of a transformer
+layer after Megatron-LM; the peak of a segmented chain; recursive bisection; FLOPs; and the two
+source articles' formulas, reproduced as they stand next to corrected versions.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "fp16": 2, "float16": 2, "bf16": 2,
+               "bfloat16": 2, "fp8": 1, "int8": 1}
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of a dtype given as a name ("bf16") or a torch.dtype."""
+    name = str(dtype).replace("torch.", "").lower()
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def _check_int(name: str, value, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------- model state
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes per parameter of everything training keeps besides activations."""
+
+    params: int
+    grads: int
+    master: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        """Bytes per parameter, all parts together."""
+        return self.params + self.grads + self.master + self.optimizer
+
+
+PRECISIONS = {
+    # name: (param dtype, grad dtype, fp32 master copy?, fp32 copy of the grads?)
+    "fp32": ("fp32", "fp32", False, False),
+    "mixed": ("bf16", "bf16", True, False),
+    "mixed-fp32-grads": ("bf16", "fp32", True, False),
+    "fp16-megatron": ("fp16", "fp16", True, True),
+}
+
+
+def model_state_per_param(precision: str = "mixed", optimizer: str = "adam") -> ModelStateBytes:
+    """Bytes per parameter of params, grads, fp32 master copy and optimizer states.
+
+    ========================  ======  =====  ======  ====  =========  =========  ==========
+    precision                  param   grad   master  SGD   +momentum  Adam(W)    source
+    ========================  ======  =====  ======  ====  =========  =========  ==========
+    fp32                       4       4      0       8     12         16         -
+    mixed (16-bit p and g)     2       2      4       8     12         **16**     ZeRO, K=12
+    mixed-fp32-grads           2       4      4       10    14         **18**     Megatron
+    fp16-megatron (+main g)    2       2+4    4       12    16         **20**     Megatron
+    ========================  ======  =====  ======  ====  =========  =========  ==========
+
+    ZeRO (Rajbhandari et al., 2020, sec. 3.1) writes mixed-precision Adam as 2 + 2 + K bytes
+    per parameter with K = 12: the fp32 master weights (4), momentum (4) and variance (4) that
+    the optimizer updates, so 16 bytes. The 18 quoted elsewhere (Megatron-LM's distributed
+    optimizer table) keeps gradients in fp32 (4 instead of 2), because accumulating many
+    micro-batches or all-reducing in 16 bits loses precision. Megatron's fp16 path keeps
+    fp16 grads *and* an fp32 "main grad" copy: 2 + 2 + 4 + 12 = 20. Pure fp32 Adam needs no
+    master copy: 4 + 4 + 8 = 16 as well, which is why mixed precision saves activation memory
+    and time but not model-state memory.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    p_dtype, g_dtype, master, main_grad = PRECISIONS[precision]
+    states = 4 * OPTIMIZER_STATES[optimizer]
+    grads = dtype_bytes(g_dtype) + (4 if main_grad else 0)
+    return ModelStateBytes(dtype_bytes(p_dtype), grads, 4 if master else 0, states)
+
+
+def model_state_bytes(num_params: int, precision: str = "mixed", optimizer: str = "adam") -> int:
+    """Bytes of params + grads + master copy + optimizer states for `num_params` parameters."""
+    _check_int("num_params", num_params)
+    return num_params * model_state_per_param(precision, optimizer).total
+
+
+def model_state_table() -> list[dict]:
+    """Every (precision, optimizer) pair with its bytes per parameter, for lessons."""
+    rows = []
+    for precision in PRECISIONS:
+        for optimizer in ("sgd", "momentum", "adam"):
+            m = model_state_per_param(precision, optimizer)
+            rows.append(dict(precision=precision, optimizer=optimizer, params=m.params,
+                             grads=m.grads, master=m.master, optimizer_states=m.optimizer,
+                             total=m.total))
+    return rows
+
+
+# ------------------------------------------------------------- transformer layer (Megatron)
+def megatron_layer_terms(seq: int, batch: int, hidden: int, heads: int,
+                         act_bytes: int = 2, mask_bytes: int = 1) -> dict[str, int]:
+    """Bytes one transformer layer saves for backward, term by term, after Megatron-LM.
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+    sec. 4.1) count, with s = seq, b = batch, h = hidden, a = heads, 16-bit activations and
+    1-byte dropout masks: attention 11sbh + 5as^2b, MLP (4h wide) 19sbh, two LayerNorms 4sbh,
+    so sbh(34 + 5as/h) per layer. Written here per element so other dtypes work:
+    activation terms scale with `act_bytes`, masks with `mask_bytes`.
+    """
+    for name, v in (("seq", seq), ("batch", batch), ("hidden", hidden), ("heads", heads)):
+        _check_int(name, v, 1)
+    sbh, as2b = seq * batch * hidden, heads * seq * seq * batch
+    d, m = act_bytes, mask_bytes
+    return {
+        "layernorm 1 input": d * sbh,
+        "QKV projection input": d * sbh,
+        "Q and K (for QK^T)": 2 * d * sbh,
+        "softmax output": d * as2b,
+        "attention dropout mask": m * as2b,
+        "attention dropout output (for x V)": d * as2b,
+        "V (for x V)": d * sbh,
+        "output projection input": d * sbh,
+        "attention output dropout mask": m * sbh,
+        "layernorm 2 input": d * sbh,
+        "MLP up-projection input": d * sbh,
+        "GeLU input (4h)": 4 * d * sbh,
+        "MLP down-projection input (4h)": 4 * d * sbh,
+        "MLP dropout mask": m * sbh,
+    }
+
+
+ATTENTION_CORE_TERMS = ("softmax output", "attention dropout mask",
+                        "attention dropout output (for x V)")
+
+
+def megatron_layer_bytes(seq: int, batch: int, hidden: int, heads: int,
+                         selective: bool = False) -> int:
+    """The reference sbh(34 + 5as/h) bytes per layer; `selective` drops the 5as/h part.
+
+    Selective recomputation (Megatron) keeps everything but the attention core (softmax, its
+    dropout mask and output), which it recomputes: 34 sbh bytes per layer remain.
+    """
+    terms = megatron_layer_terms(seq, batch, hidden, heads)
+    if selective:
+        return sum(v for k, v in terms.items() if k not in ATTENTION_CORE_TERMS)
+    return sum(terms.values())
+
+
+# ------------------------------------------------------------------------ segmented chains
+def _check_sizes(name: str, values) -> list:
+    values = list(values)
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
+            raise ValueError(f"{name}[{i}] must be a number >= 0, got {v!r}")
+    return values
+
+
+def segmented_peak_bytes(boundaries, act_bytes, out_bytes, input_bytes: int = 0) -> int:
+    """Peak bytes of a chain run in segments starting at `boundaries`, last one not checkpointed.
+
+    Layer i saves `act_bytes[i]` for backward and outputs `out_bytes[i]`. Every segment but
+    the last keeps only its input (`input_bytes` for the first, else the output of the layer
+    before it) and is recomputed in backward, so while segment j's activations are alive the
+    kept inputs of the segments before it are too: peak = max_j (kept_before_j + acts of j).
+    This is the model the planner optimises; it ignores the short-lived gradient buffers.
+    """
+    act = _check_sizes("act_bytes", act_bytes)
+    out = _check_sizes("out_bytes", out_bytes)
+    if not act or len(act) != len(out):
+        raise ValueError(f"act_bytes and out_bytes must be non-empty and equally long, got "
+                         f"{len(act)} and {len(out)}")
+    if input_bytes < 0:
+        raise ValueError(f"input_bytes must be >= 0, got {input_bytes}")
+    n = len(act)
+    starts = [int(b) for b in boundaries]
+    if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) \
+            or starts[-1] >= n:
+        raise ValueError(f"boundaries must start with 0 and be strictly increasing layer "
+                         f"indices below {n}, got {list(boundaries)}")
+    ends = starts[1:] + [n]
+    kept, peak = 0, 0
+    for a, b in zip(starts, ends):
+        peak = max(peak, kept + sum(act[a:b]))
+        kept += input_bytes if a == 0 else out[a - 1]
+    return peak
+
+
+def uniform_boundaries(num_layers: int, segments: int) -> list[int]:
+    """Segment starts as checkpoint_sequential makes them: size n // segments, last takes the rest."""
+    _check_int("num_layers", num_layers, 1)
+    _check_int("segments", segments, 1)
+    if segments > num_layers:
+        raise ValueError(f"segments ({segments}) cannot exceed num_layers ({num_layers})")
+    size = num_layers // segments
+    return [i * size for i in range(segments)]
+
+
+def uniform_peak_bytes(num_layers: int, segments: int, layer_bytes: int,
+                       boundary_bytes: int) -> int:
+    """Peak of `num_layers` identical layers in `segments` uniform segments (last not recomputed)."""
+    starts = uniform_boundaries(num_layers, segments)
+    return segmented_peak_bytes(starts, [layer_bytes] * num_layers,
+                                [boundary_bytes] * num_layers, boundary_bytes)
+
+
+def optimal_segment_count(num_layers: int, layer_bytes: int, boundary_bytes: int) -> int:
+    """The segment count with the least uniform peak (ties: fewer segments, less recompute).
+
+    Why about sqrt(L): with S segments of L/S layers each of `a` bytes and S - 1 kept inputs
+    of `b` bytes, peak(S) ~ (S - 1) b + (L / S) a. Its derivative b - L a / S^2 vanishes at
+    S* = sqrt(L a / b), where peak ~ 2 sqrt(L a b): memory grows as sqrt(L) instead of L. With
+    b = a (a layer saves about its input) that is S* = sqrt(L). Integer rounding and the
+    remainder that checkpoint_sequential gives the last segment move the true optimum a little,
+    so this searches every S exactly instead of trusting the continuous answer.
+    """
+    _check_int("num_layers", num_layers, 1)
+    best = min(range(1, num_layers + 1),
+               key=lambda s: (uniform_peak_bytes(num_layers, s, layer_bytes, boundary_bytes), s))
+    return best
+
+
+def recompute_layers(boundaries, num_layers: int) -> int:
+    """Layers run twice under a segmentation: all but those of the last (not checkpointed) one."""
+    starts = list(boundaries)
+    if not starts or starts[0] != 0 or starts[-1] >= num_layers:
+        raise ValueError(f"boundaries must start with 0 and stay below {num_layers}")
+    return starts[-1]
+
+
+# ----------------------------------------------------------------------- recursive bisection
+@dataclass(frozen=True)
+class BisectionCost:
+    """Peak bytes and layer-forwards recomputed by recursive bisection of a uniform chain."""
+
+    peak_bytes: int
+    recompute_layers: int
+
+
+def bisection_cost(num_layers: int, layer_bytes: int, boundary_bytes: int) -> BisectionCost:
+    """Memory and recompute of recursive bisection on `num_layers` identical layers.
+
+    The scheme: split n layers into a first half of n // 2 layers, which is checkpointed (its
+    input kept), and a second half handled the same way, recursively, without a checkpoint of
+    its own; a single layer just runs. In backward the second half is done first with the
+    first half's input held (peak b + M(n - n//2)); then the first half is recomputed once and
+    processed recursively (peak M(n//2)). So M(1) = a, M(n) = max(b + M(n - n//2), M(n//2)),
+    about a + b log2(n); and R(1) = 0, R(n) = R(n - n//2) + n//2 + R(n//2), which is
+    (n/2) log2(n) for powers of two: O(log n) memory for O(n log n) extra compute.
+    """
+    _check_int("num_layers", num_layers, 1)
+    _check_int("layer_bytes", layer_bytes)
+    _check_int("boundary_bytes", boundary_bytes)
+
+    @lru_cache(maxsize=None)
+    def cost(n: int) -> tuple[int, int]:
+        if n == 1:
+            return layer_bytes, 0
+        first = n // 2
+        m_first, r_first = cost(first)
+        m_second, r_second = cost(n - first)
+        return max(boundary_bytes + m_second, m_first), r_second + first + r_first
+
+    peak, recompute = cost(num_layers)
+    return BisectionCost(peak, recompute)
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+def dense_training_flops(num_params: int, tokens: int, recompute_fraction: float = 0.0) -> int:
+    """FLOPs of one step of a dense model: 2 N T forward, 4 N T backward, plus recomputation.
+
+    A matmul with an (m x k) weight costs 2 m k per token forward (a multiply and an add), and
+    twice that backward (gradient of the input and of the weight). Recomputing a fraction f of
+    the forward adds f * 2 N T: full recomputation (f = 1) makes a step 8 N T instead of 6 N T,
+    4/3 of the work.
+    """
+    _check_int("num_params", num_params)
+    _check_int("tokens", tokens)
+    if not 0.0 <= recompute_fraction <= 1.0:
+        raise ValueError(f"recompute_fraction must be in [0, 1], got {recompute_fraction}")
+    return int(2 * num_params * tokens * (3 + recompute_fraction))
+
+
+STRATEGIES = ("none", "full", "selective")
+
+
+def transformer_flops(layers: int, hidden: int, seq: int, batch: int, vocab: int,
+                      recompute: str = "none", recomputed_layers: int | None = None) -> int:
+    """FLOPs of one training step of a GPT, with recomputation (Narayanan et al. 2021, app.).
+
+    Per layer forward: 24 b s h^2 (QKV, output projection, 4h MLP) + 4 b s^2 h (QK^T and
+    softmax x V); logits 2 b s h V. Backward is twice the forward. `recompute="full"` adds one
+    forward of `recomputed_layers` layers (default all of them); `"selective"` adds only the
+    attention core, 4 b s^2 h per layer. Without recompute and for all layers this is
+    72 b s L h^2 (1 + s / 6h + V / 12 h L), the paper's formula.
+    """
+    for name, v in (("layers", layers), ("hidden", hidden), ("seq", seq), ("batch", batch),
+                    ("vocab", vocab)):
+        _check_int(name, v, 1)
+    if recompute not in STRATEGIES:
+        raise ValueError(f"recompute must be one of {STRATEGIES}, got {recompute!r}")
+    k = layers if recomputed_layers is None else _check_int("recomputed_layers",
+                                                             recomputed_layers)
+    if k > layers:
+        raise ValueError(f"recomputed_layers ({k}) cannot exceed layers ({layers})")
+    layer = 24 * batch * seq * hidden ** 2 + 4 * batch * seq ** 2 * hidden
+    logits = 2 * batch * seq * hidden * vocab
+    step = 3 * (layers * layer + logits)
+    if recompute == "full":
+        step += k * layer
+    elif recompute == "selective":
+        step += k * 4 * batch * seq ** 2 * hidden
+    return step
+
+
+# ------------------------------------------------------------------ the source articles
+def article_saving_fraction(num_layers: int, segments: int) -> float:
+    """Article (a), as it stands: the activation memory saved is (L - S) / L.
+
+    For 48 layers and 8 segments it gives 0.833. It counts S kept things against L and forgets
+    that backward must rebuild one whole segment (L / S layers) at a time.
+    """
+    _check_int("num_layers", num_layers, 1)
+    _check_int("segments", segments, 1)
+    return (num_layers - segments) / num_layers
+
+
+def corrected_saving_fraction(num_layers: int, segments: int, layer_bytes: int,
+                              boundary_bytes: int) -> float:
+    """Saving of uniform checkpoint_sequential: 1 - ((S-1) b + (L - (S-1) L//S) a) / (L a).
+
+    For a transformer layer the kept input b = 2sbh is small next to a = sbh(34 + 5as/h), so
+    48 layers in 8 segments save about 1 - 6/48 - 7b/(48a), i.e. 86-87%, not 83%.
+    """
+    peak = uniform_peak_bytes(num_layers, segments, layer_bytes, boundary_bytes)
+    return 1.0 - peak / (num_layers * layer_bytes)
+
+
+def article_mem_no_ckpt(L: int, B: int, S: int, H: int, byte_per: int = 2) -> int:
+    """Article (b), as it stands: L B S H byte_per bytes without checkpointing.
+
+    With L, B, S, H = 100, 8, 512, 1024 that is 838,860,800 bytes = exactly 800 MiB. It assumes
+    a layer keeps one B x S x H tensor; a real transformer layer keeps (34 + 5 a S / H) / 2 of
+    them (Megatron), so the true figure is 17 times that or more.
+    """
+    return L * B * S * H * byte_per
+
+
+def article_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
+    """Article (b), as it stands: (seg + 1) boundaries plus "twice a layer" of temporaries.
+
+    For 100, 8, 512, 1024 and 10 segments: 13 x 8 MiB = 104 MiB (L does not even appear).
+    """
+    return (seg + 1) * B * S * H * byte_per + 2 * B * S * H * byte_per
+
+
+def article_printed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> float:
+    """The number the article's script prints for the checkpointed case: it divides by 10 once
+    more than it should, so 104 MiB is printed as 10.4 "MB"."""
+    return article_mem_ckpt(L, B, S, H, seg, byte_per) / 10 / 1024 / 1024
+
+
+def article_claimed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
+    """The article's prose figure, ~80 MB: seg boundaries only, no segment being rebuilt."""
+    return seg * B * S * H * byte_per
+
+
+def corrected_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
+    """The true segmented peak in the article's own model (one B S H tensor per layer).
+
+    checkpoint_sequential keeps the inputs of the seg - 1 checkpointed segments and, while the
+    last segment runs backward, all of its L - (seg - 1) (L // seg) layers: for the example,
+    9 + 10 = 19 tensors of 8 MiB = 152 MiB, a saving of 81%, not 90%.
+    """
+    layer = B * S * H * byte_per
+    return uniform_peak_bytes(L, seg, layer, layer)

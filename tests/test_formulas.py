@@ -1,0 +1,145 @@
+"""The formulas: hand-checked arithmetic, the articles' numbers, and brute-force cross-checks."""
+import math
+
+import pytest
+import torch
+
+from ckpt_lab import formulas as F
+
+
+def test_model_state_bytes_per_param_literature_values():
+    assert F.model_state_per_param("mixed", "adam").total == 16  # ZeRO: 2 + 2 + K, K = 12
+    assert F.model_state_per_param("mixed", "adam").master + \
+        F.model_state_per_param("mixed", "adam").optimizer == 12
+    assert F.model_state_per_param("mixed-fp32-grads", "adamw").total == 18
+    assert F.model_state_per_param("fp16-megatron", "adam").total == 20
+    assert F.model_state_per_param("fp32", "adam").total == 16
+    assert F.model_state_per_param("fp32", "sgd").total == 8
+    assert F.model_state_per_param("fp32", "momentum").total == 12
+    assert F.model_state_per_param("mixed", "sgd").total == 8
+    assert F.model_state_bytes(1_000_000, "mixed", "adam") == 16_000_000
+    assert len(F.model_state_table()) == 12
+
+
+def test_model_state_matches_what_torch_allocates_for_fp32_adam_and_momentum():
+    model = torch.nn.Linear(100, 50)
+    n = sum(p.numel() for p in model.parameters())
+    for opt_name, make in (("adam", torch.optim.Adam), ("momentum", torch.optim.SGD)):
+        kwargs = {"momentum": 0.9} if opt_name == "momentum" else {}
+        opt = make(model.parameters(), lr=0.1, **kwargs)
+        model(torch.randn(4, 100)).sum().backward()
+        opt.step()
+        state = sum(t.numel() * t.element_size() for s in opt.state.values()
+                    for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+        grads = sum(p.grad.numel() * 4 for p in model.parameters())
+        params = n * 4
+        assert params + grads + state == F.model_state_bytes(n, "fp32", opt_name)
+        model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("args", [("fp64", "adam"), ("mixed", "lion")])
+def test_model_state_bad_names(args):
+    with pytest.raises(ValueError, match="must be one of"):
+        F.model_state_per_param(*args)
+
+
+def test_model_state_bad_count():
+    with pytest.raises(ValueError, match="num_params"):
+        F.model_state_bytes(-1)
+
+
+def test_dtype_bytes_agrees_with_torch():
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        assert F.dtype_bytes(dt) == torch.empty(0, dtype=dt).element_size()
+    with pytest.raises(ValueError, match="unknown dtype"):
+        F.dtype_bytes("float128")
+
+
+def test_megatron_reference_and_selective():
+    s, b, h, a = 2048, 1, 4096, 32
+    assert F.megatron_layer_bytes(s, b, h, a) == s * b * h * (34 + 5 * a * s // h)
+    assert F.megatron_layer_bytes(s, b, h, a, selective=True) == 34 * s * b * h
+    fp32 = sum(F.megatron_layer_terms(s, b, h, a, act_bytes=4).values())
+    assert fp32 == s * b * h * (16 * 4 + 2) + a * s * s * b * (2 * 4 + 1)
+    with pytest.raises(ValueError, match="heads"):
+        F.megatron_layer_bytes(s, b, h, 0)
+
+
+def test_segmented_peak_matches_a_hand_count_and_validates():
+    assert F.segmented_peak_bytes([0, 2], [3, 4, 5], [1, 9, 1], input_bytes=7) == 12
+    assert F.segmented_peak_bytes([0], [3, 4, 5], [1, 1, 1]) == 12
+    for bad in ([1], [0, 0], [0, 3], []):
+        with pytest.raises(ValueError, match="boundaries"):
+            F.segmented_peak_bytes(bad, [1, 1, 1], [1, 1, 1])
+    with pytest.raises(ValueError, match="equally long"):
+        F.segmented_peak_bytes([0], [1, 1], [1])
+    with pytest.raises(ValueError, match="act_bytes"):
+        F.segmented_peak_bytes([0], [-1], [1])
+
+
+def test_uniform_boundaries_match_checkpoint_sequential():
+    from ckpt_lab.checkpoint import segment_starts
+    for n in range(1, 20):
+        for s in range(1, n + 1):
+            assert F.uniform_boundaries(n, s) == segment_starts(n, segments=s)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        F.uniform_boundaries(3, 4)
+
+
+def test_optimal_segment_count_is_the_exhaustive_optimum_near_sqrt():
+    for n in (4, 16, 48, 100):
+        best = F.optimal_segment_count(n, 10, 10)
+        peaks = [F.uniform_peak_bytes(n, s, 10, 10) for s in range(1, n + 1)]
+        assert F.uniform_peak_bytes(n, best, 10, 10) == min(peaks)
+    # e.g. 100 equal layers whose inputs are as big as their activations: 10 segments
+    assert F.optimal_segment_count(100, 1, 1) == 10
+
+
+def test_bisection_memory_is_logarithmic_and_recompute_n_log_n():
+    for k in range(0, 11):
+        n = 2 ** k
+        cost = F.bisection_cost(n, 100, 1)
+        assert cost.peak_bytes == 100 + k
+        assert cost.recompute_layers == n * k // 2
+    assert F.bisection_cost(3, 5, 2) == F.BisectionCost(9, 2)  # max(2 + M(2), M(1)), M(2) = 2 + 5
+    with pytest.raises(ValueError):
+        F.bisection_cost(0, 1, 1)
+
+
+def test_flops():
+    assert F.dense_training_flops(10, 3) == 180
+    assert F.dense_training_flops(10, 3, recompute_fraction=1.0) == 240
+    L, h, s, b, V = 48, 4096, 2048, 1, 51200
+    paper = 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert math.isclose(F.transformer_flops(L, h, s, b, V), paper, rel_tol=1e-12)
+    full = F.transformer_flops(L, h, s, b, V, "full")
+    assert math.isclose(full, 96 * b * s * L * h * h * (1 + s / (6 * h)) + 6 * b * s * h * V,
+                        rel_tol=1e-12)
+    assert F.transformer_flops(L, h, s, b, V, "none") < F.transformer_flops(L, h, s, b, V,
+                                                                            "selective") < full
+    with pytest.raises(ValueError, match="recompute"):
+        F.transformer_flops(L, h, s, b, V, "partial")
+    with pytest.raises(ValueError, match="recompute_fraction"):
+        F.dense_training_flops(1, 1, 2.0)
+    with pytest.raises(ValueError, match="exceed"):
+        F.transformer_flops(2, h, s, b, V, "full", recomputed_layers=3)
+
+
+def test_article_a_as_stated_and_corrected():
+    assert F.article_saving_fraction(48, 8) == pytest.approx(0.8333, abs=1e-4)
+    a = F.megatron_layer_bytes(2048, 1, 4096, 32)
+    corrected = F.corrected_saving_fraction(48, 8, a, 2 * 2048 * 4096)
+    assert 0.86 < corrected < 0.875  # 1 - 6/48 - 7 b / (48 a)
+    with pytest.raises(ValueError):
+        F.article_saving_fraction(0, 1)
+
+
+def test_article_b_as_stated_and_corrected():
+    mib = 1024 * 1024
+    args = (100, 8, 512, 1024)
+    assert F.article_mem_no_ckpt(*args) == 800 * mib == 838_860_800
+    assert F.article_mem_ckpt(*args) == 104 * mib  # (10 + 1) + 2 tensors of 8 MiB
+    assert F.article_printed_ckpt(*args) == pytest.approx(10.4)  # the extra / 10
+    assert F.article_claimed_ckpt(*args) == 80 * mib
+    assert F.corrected_mem_ckpt(*args) == 152 * mib  # 9 kept inputs + a 10-layer segment
+    assert 1 - F.corrected_mem_ckpt(*args) / F.article_mem_no_ckpt(*args) == pytest.approx(0.81)
