@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .memory import phase
+from .selective import SelectiveFunction
 
 IMPLS = ("hooks", "reentrant")
 
@@ -277,14 +278,24 @@ def _checkpoint_hooks(fn, args, kwargs, preserve_rng_state):
 
 
 # ------------------------------------------------------------------------------- public API
-def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, **kwargs):
-    """Run ``fn(*args, **kwargs)`` keeping only its inputs; recompute the rest in backward."""
+def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, policy=None,
+               **kwargs):
+    """Run ``fn(*args, **kwargs)`` keeping only its inputs; recompute the rest in backward.
+
+    ``policy`` (selective checkpointing, see ``ckpt_lab.selective``) keeps the outputs of the
+    operations it chooses instead of recomputing them: a callable ``policy(op, *args,
+    **kwargs) -> bool``, a collection of ATen ops, or a name such as ``"save_matmuls"``.
+    The names ``impl``, ``preserve_rng_state`` and ``policy`` belong to ``checkpoint``, so
+    ``fn`` cannot receive keyword arguments with those names.
+    """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if not callable(fn):
         raise TypeError(f"checkpoint needs a callable first argument, got {type(fn).__name__}")
+    if policy is not None:
+        fn = SelectiveFunction(fn, policy, error=CheckpointError)
     if not torch.is_grad_enabled():
-        return fn(*args, **kwargs)
+        return fn(*args, **kwargs) if policy is None else fn.fn(*args, **kwargs)
     if impl == "reentrant":
         if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
             raise ValueError("impl='reentrant' cannot take tensors as keyword arguments (they "
@@ -336,12 +347,12 @@ def _run_layers(layers):
 
 
 def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks",
-                          preserve_rng_state: bool = True):
+                          preserve_rng_state: bool = True, policy=None):
     """Run ``layers`` on ``x`` in segments; every segment but the last is checkpointed.
 
     The last segment runs normally, as in ``torch.utils.checkpoint.checkpoint_sequential``:
     backward starts there and needs all its activations at once, so recomputing it would free
-    nothing at the peak and cost one more forward of it.
+    nothing at the peak and cost one more forward of it. ``policy`` is passed to ``checkpoint``.
     """
     layers = list(layers.children()) if isinstance(layers, nn.Sequential) else list(layers)
     for i, layer in enumerate(layers):
@@ -352,7 +363,7 @@ def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks
     for k, (a, b) in enumerate(zip(starts, ends)):
         run = _run_layers(layers[a:b])
         last = k == len(starts) - 1
-        x = run(x) if last else checkpoint(run, x, impl=impl,
+        x = run(x) if last else checkpoint(run, x, impl=impl, policy=policy,
                                            preserve_rng_state=preserve_rng_state)
     return x
 
