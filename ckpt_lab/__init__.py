@@ -4,16 +4,20 @@ The names lessons and outside users call live here; each comes from a small modu
 what it does (`memory`, `checkpoint`, ...).
 """
 from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
+from .recursive import checkpoint_recursive
+from .selective import Decision
 from .memory import LayerProfile, MemoryLog, SimulatedOutOfMemoryError, phase, profile_layers, track_memory
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
+    "Decision",
     "LayerProfile",
     "MemoryLog",
     "SimulatedOutOfMemoryError",
     "checkpoint",
+    "checkpoint_recursive",
     "checkpoint_sequential",
     "phase",
     "profile_layers",

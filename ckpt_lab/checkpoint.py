@@ -338,6 +338,15 @@ def segment_starts(num_layers: int, segments: int | None = None,
     return starts
 
 
+def layer_list(layers) -> list:
+    """The layers of an ``nn.Sequential`` or of an iterable of modules, as a checked list."""
+    layers = list(layers.children()) if isinstance(layers, nn.Sequential) else list(layers)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, nn.Module):
+            raise ValueError(f"layers[{i}] is a {type(layer).__name__}, not an nn.Module")
+    return layers
+
+
 def _run_layers(layers):
     def run(x):
         for layer in layers:
@@ -354,10 +363,7 @@ def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks
     backward starts there and needs all its activations at once, so recomputing it would free
     nothing at the peak and cost one more forward of it. ``policy`` is passed to ``checkpoint``.
     """
-    layers = list(layers.children()) if isinstance(layers, nn.Sequential) else list(layers)
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, nn.Module):
-            raise ValueError(f"layers[{i}] is a {type(layer).__name__}, not an nn.Module")
+    layers = layer_list(layers)
     starts = segment_starts(len(layers), segments, boundaries)
     ends = starts[1:] + [len(layers)]
     for k, (a, b) in enumerate(zip(starts, ends)):
