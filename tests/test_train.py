@@ -142,3 +142,19 @@ def test_policy_given_to_train_stays_on_the_model():
     model = build_model(GPT)
     train(model, gpt_batches(), 1, policy="every:2", impl="reentrant", progress=False)
     assert model.policy == CheckpointPolicy("every", group=2, impl="reentrant")
+
+
+def test_train_benchmark_runs_quick_and_meets_the_flop_expectation(tmp_path):
+    from benchmarks.bench_train import main
+    result = main(out_path=tmp_path / "train.json", quick=True)
+    rows = result["policies"]
+    assert (tmp_path / "train.json").exists() and set(rows) == {"none", "every", "every:2",
+                                                                 "selective"}
+    # full recomputation: one more forward of the blocks (not of embedding and head)
+    assert 1.2 < rows["every"]["flop_ratio"] <= 4 / 3
+    assert rows["every:2"]["step_flops"] == rows["every"]["step_flops"]
+    assert 1.0 < rows["selective"]["flop_ratio"] < rows["every"]["flop_ratio"]
+    assert rows["every"]["peak_bytes"] < rows["every:2"]["peak_bytes"] \
+        < rows["none"]["peak_bytes"]
+    assert rows["selective"]["peak_bytes"] < rows["none"]["peak_bytes"]
+    assert all(r["median_seconds"] > 0 for r in rows.values())
