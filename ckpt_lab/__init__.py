@@ -4,6 +4,7 @@ The names lessons and outside users call live here; each comes from a small modu
 what it does (`memory`, `checkpoint`, ...).
 """
 from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
+from .offload import OffloadStats, offload_activations
 from .recursive import checkpoint_recursive
 from .selective import Decision
 from .memory import LayerProfile, MemoryLog, SimulatedOutOfMemoryError, phase, profile_layers, track_memory
@@ -15,10 +16,12 @@ __all__ = [
     "Decision",
     "LayerProfile",
     "MemoryLog",
+    "OffloadStats",
     "SimulatedOutOfMemoryError",
     "checkpoint",
     "checkpoint_recursive",
     "checkpoint_sequential",
+    "offload_activations",
     "phase",
     "profile_layers",
     "track_memory",
