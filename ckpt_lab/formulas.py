@@ -384,3 +384,165 @@ def corrected_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: 
     """
     layer = B * S * H * byte_per
     return uniform_peak_bytes(L, seg, layer, layer)
+
+
+# ------------------------------------------------------------ activations of ckpt_lab.models
+@dataclass(frozen=True)
+class LayerBytes:
+    """What one entry of `model.layers()` leaves for backward, derived op by op from its code.
+
+    inner_bytes: tensors it saves that are neither its input nor its output.
+    out_bytes: its output. keeps_input / keeps_output: whether it saves those too.
+    backward_extra_bytes: gradients alive at once inside its backward, on top of the incoming
+    one (measured against `track_memory` in the tests).
+    """
+
+    name: str
+    inner_bytes: int
+    out_bytes: int
+    keeps_input: bool
+    keeps_output: bool
+    backward_extra_bytes: int = 0
+
+
+def gpt_block_terms(batch: int, seq: int, n_embd: int, n_head: int, dtype_bytes: int = 4,
+                    dropout: bool = True) -> dict[str, int]:
+    """Bytes one `models.Block` saves, term by term, in the order its forward runs.
+
+    Next to Megatron's sbh(34 + 5as/h) (16-bit, 1-byte masks), the differences are:
+    * dtype: every activation term scales with `dtype_bytes` (4 in fp32, 2 in bf16).
+    * dropout masks: on CPU `nn.Dropout` multiplies by a scaled mask of the input's dtype,
+      so each mask costs `dtype_bytes` per element, not 1 (CUDA's fused dropout keeps a
+      1-byte mask). The attention dropout keeps that mask *and* its output (for x V).
+    * transposes: q, k^T and v enter batched matmuls as non-contiguous views, which matmul
+      copies; the copies are what is saved (same bytes as Megatron's Q, K, V terms), and the
+      qkv output itself is freed. The core's output is made contiguous: the proj input.
+    * LayerNorm keeps its mean and rstd (2 numbers per token, in the input's dtype on CPU)
+      besides its input.
+    * `~mask` builds a fresh T x T bool tensor per block, which masked_fill keeps.
+    * fused attention (`attn_impl="sdpa"`) would drop every T^2 term; not modelled here.
+    The block's input (the residual stream) is the first term; the block's output is not
+    saved by the block itself (the next block's LayerNorm saves it).
+    """
+    N, C, d = batch * seq, n_embd, dtype_bytes
+    NC, T2 = N * C * d, n_head * seq * seq * batch * d
+    terms = {
+        "ln1 input (residual)": NC,
+        "ln1 mean, rstd": 2 * N * d,
+        "qkv input (ln1 output)": NC,
+        "q copy (for q @ k^T)": NC,
+        "k^T copy (for q @ k^T)": NC,
+        "causal mask (~mask, bool)": seq * seq,
+        "softmax output": T2,
+        "attention dropout mask": T2 if dropout else 0,
+        "attention dropout output (for @ v)": T2 if dropout else 0,
+        "v copy (for @ v)": NC,
+        "proj input (contiguous core output)": NC,
+        "proj dropout mask": NC if dropout else 0,
+        "ln2 input (residual)": NC,
+        "ln2 mean, rstd": 2 * N * d,
+        "fc input (ln2 output)": NC,
+        "GELU input (4C)": 4 * NC,
+        "mlp proj input (GELU output, 4C)": 4 * NC,
+        "mlp dropout mask": NC if dropout else 0,
+    }
+    return terms
+
+
+def gpt_layers(batch: int, seq: int, n_layer: int, n_embd: int, n_head: int, vocab: int,
+               dtype_bytes: int = 4, dropout: bool = True) -> list[LayerBytes]:
+    """`LayerBytes` for every entry of `models.GPT.layers()`: Embed, n_layer Blocks, LMHead."""
+    for name, v in (("batch", batch), ("seq", seq), ("n_layer", n_layer), ("n_embd", n_embd),
+                    ("n_head", n_head), ("vocab", vocab)):
+        _check_int(name, v, 1)
+    N, C, d = batch * seq, n_embd, dtype_bytes
+    block = gpt_block_terms(batch, seq, n_embd, n_head, d, dropout)
+    inner = sum(block.values()) - block["ln1 input (residual)"]
+    # Embed keeps the int64 positions (embedding backward needs indices) and its dropout mask.
+    embed = LayerBytes("embed", 8 * seq + (N * C * d if dropout else 0), N * C * d, False,
+                       False)
+    # Block backward peaks in the MLP's down projection: grad of its input (4NC), of its
+    # weight (4C^2) and bias (C), while the dropout mask it no longer needs is freed.
+    blocks = [LayerBytes(f"block {i}", inner, N * C * d, True, False,
+                         4 * N * C * d + 4 * C * C * d + C * d) for i in range(n_layer)]
+    head = LayerBytes("head", 2 * N * d + N * C * d, N * vocab * d, True, False,
+                      N * C * d + vocab * C * d)
+    return [embed, *blocks, head]
+
+
+def mlp_layers(batch: int, seq: int, depth: int, width: int, vocab: int,
+               dtype_bytes: int = 4) -> list[LayerBytes]:
+    """`LayerBytes` for `models.MLPChain.layers()` (dropout 0): Embedding, depth blocks, head.
+
+    A block is Linear -> ReLU: the Linear keeps its input, ReLU keeps its output (which the
+    next Linear keeps too, one storage); the Linear's output is freed. So an MLP block costs
+    one B T H tensor, 2 per block if you count its input as Megatron does.
+    """
+    for name, v in (("batch", batch), ("seq", seq), ("depth", depth), ("width", width),
+                    ("vocab", vocab)):
+        _check_int(name, v, 1)
+    N, H, d = batch * seq, width, dtype_bytes
+    embed = LayerBytes("embed", 0, N * H * d, False, False)
+    blocks = [LayerBytes(f"block {i}", 0, N * H * d, True, True, 2 * N * H * d + H * H * d
+                         + H * d) for i in range(depth)]
+    head = LayerBytes("head", 0, N * vocab * d, True, False, N * H * d + vocab * H * d)
+    return [embed, *blocks, head]
+
+
+def loss_bytes(tokens: int, vocab: int, dtype_bytes: int = 4) -> int:
+    """Cross-entropy keeps log_softmax's output (tokens x vocab) plus two scalars."""
+    return tokens * vocab * dtype_bytes + 2 * dtype_bytes
+
+
+def _live_outputs(layers, lo: int, hi: int) -> int:
+    """Bytes of outputs of layers in [lo, hi) that a normal run of [lo, hi) saves."""
+    return sum(layers[i].out_bytes for i in range(lo, hi)
+               if layers[i].keeps_output or (i + 1 < hi and layers[i + 1].keeps_input))
+
+
+def chain_peak_bytes(layers: list[LayerBytes], segments, tokens: int, vocab: int,
+                     dtype_bytes: int = 4) -> int:
+    """Peak bytes of forward + cross-entropy + backward of a chain run in `segments`.
+
+    `segments` is a list of (start, end, checkpointed) spans over `layers`, as
+    `models.CheckpointedChain.segments()` returns; the last one must not be checkpointed.
+    The candidates for the peak:
+    * cross-entropy backward: everything alive at the end of forward plus the grad of
+      log_softmax's input and output (2 x tokens x vocab);
+    * the head's backward, once log_softmax's output is replaced by its gradient;
+    * each checkpointed segment's backward: inputs kept by checkpointed segments up to it,
+      what runs before it un-checkpointed, its own recomputed activations, the gradient
+      arriving at its output and one layer's backward extra.
+    """
+    spans = [(int(a), int(b), bool(c)) for a, b, c in segments]
+    n = len(layers)
+    if not spans or spans[0][0] != 0 or spans[-1][1] != n or spans[-1][2] \
+            or any(s[1] != t[0] for s, t in zip(spans, spans[1:])):
+        raise ValueError("segments must be contiguous (start, end, checkpointed) spans covering "
+                         "all layers, the last one not checkpointed")
+    def saved(a, b):
+        return sum(layer.inner_bytes for layer in layers[a:b]) + \
+            _live_outputs(layers, a, b)
+
+    def kept(a):
+        return layers[a - 1].out_bytes if a > 0 else 0
+
+    logits = tokens * vocab * dtype_bytes
+    def run_input(a):  # a normal span's input, when its first layer saves it
+        return layers[a - 1].out_bytes if a > 0 and layers[a].keeps_input else 0
+
+    end_of_forward = sum(kept(a) if c else saved(a, b) + run_input(a) for a, b, c in spans) \
+        + loss_bytes(tokens, vocab, dtype_bytes)
+    peaks = [end_of_forward + 2 * logits,
+             end_of_forward + layers[-1].backward_extra_bytes]
+    before = 0
+    for a, b, c in spans:
+        if c:
+            recomputed = saved(a, b)
+            grad_out = layers[b - 1].out_bytes
+            extra = max(layer.backward_extra_bytes for layer in layers[a:b])
+            peaks.append(before + kept(a) + recomputed + grad_out + extra)
+            before += kept(a)
+        else:
+            before += saved(a, b) + run_input(a)
+    return max(peaks)
