@@ -20,6 +20,7 @@ to the loss, and takes a `CheckpointPolicy` (or anything `CheckpointPolicy.parse
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 import torch
@@ -51,7 +52,9 @@ class CheckpointPolicy:
         like `checkpoint_sequential`: every segment but the last is checkpointed. This is the
         form a planner's plan takes.
     impl: ``"hooks"`` or ``"reentrant"`` (ckpt_lab's own) or ``"torch"``
-      (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``).
+      (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``). A reentrant checkpoint
+      needs an input that requires grad; token ids and images do not, so a checkpointed
+      segment that starts at the model's input runs its first layer outside the checkpoint.
     """
 
     kind: str = "none"
@@ -97,8 +100,8 @@ class CheckpointPolicy:
                              + ", ".join(POLICY_NAMES))
         starts = getattr(spec, "boundaries", spec)
         if isinstance(starts, (list, tuple)) and starts and all(
-                isinstance(b, int) and not isinstance(b, bool) for b in starts):
-            return cls("boundaries", boundaries=tuple(starts), impl=impl)
+                isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in starts):
+            return cls("boundaries", boundaries=tuple(int(b) for b in starts), impl=impl)
         raise ValueError(f"cannot read a checkpoint policy from {spec!r}; valid: "
                          + ", ".join(POLICY_NAMES))
 
