@@ -111,6 +111,10 @@ def train(model: torch.nn.Module, batches, steps: int, *, policy=None, impl: str
     device = torch.device(device) if device is not None else next(model.parameters()).device
     _check_args(precision, device, micro_batches, steps)
     if policy is not None or impl is not None:
+        if not hasattr(model, "set_policy"):
+            raise ValueError(f"a checkpoint policy needs a ckpt_lab.models model (one with "
+                             f"set_policy); {type(model).__name__} has none. Leave policy=None "
+                             "and checkpoint inside the model yourself.")
         model.set_policy(policy if policy is not None else model.policy, impl)
     model.to(device).train()
     if seed is not None:

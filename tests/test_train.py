@@ -105,10 +105,15 @@ def test_records_measure_memory_and_checkpointing_lowers_it():
     assert plain[0].phase_peaks["optimizer"] > plain[1].phase_peaks["optimizer"]  # Adam state
 
 
-def test_bf16_autocast_on_cpu_trains():
-    result, model = run(steps=3, precision="bf16", policy="every")
-    assert all(torch.isfinite(torch.tensor(result.losses)))
+def test_bf16_autocast_on_cpu_trains_and_checkpointing_replays_it():
+    plain, plain_model = run(steps=3, precision="bf16")
+    every, model = run(steps=3, precision="bf16", policy="every")
+    selective, _ = run(steps=3, precision="bf16", policy="selective", impl="reentrant")
+    assert every.losses == plain.losses == selective.losses
+    assert all(torch.isfinite(torch.tensor(plain.losses)))
+    assert plain.losses != run(steps=3)[0].losses            # autocast did change the math
     assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain_model.parameters()))
 
 
 def test_resnet_trains_and_batchnorm_stats_match_with_checkpointing():
@@ -136,11 +141,13 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="micro_batches"):
         train(model, gpt_batches(), 1, micro_batches=0, progress=False)
     assert model.policy == CheckpointPolicy("none")
+    with pytest.raises(ValueError, match="set_policy"):
+        train(torch.nn.Linear(2, 2), gpt_batches(), 1, policy="every", progress=False)
 
 
 def test_policy_given_to_train_stays_on_the_model():
     model = build_model(GPT)
-    train(model, gpt_batches(), 1, policy="every:2", impl="reentrant", progress=False)
+    train(model, gpt_batches(), 1, policy="every:2", impl="reentrant", progress=True)
     assert model.policy == CheckpointPolicy("every", group=2, impl="reentrant")
 
 
