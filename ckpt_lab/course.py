@@ -1,0 +1,210 @@
+"""What every lesson notebook shares: links, device and sizes, and measured-vs-predicted checks.
+
+* Where the course lives (`REPO_SLUG`, `BRANCH`) is written here once; the Colab and Binder
+  badges of every notebook are built from it, and a test holds each notebook to its own links.
+* `pick_device` and `sizes` let one notebook run in seconds on a 2-core CPU and at realistic
+  sizes on a GPU, without the learner editing anything.
+* `compare` prints a measurement next to its formula and fails loudly when they drift apart,
+  so running the notebooks (nbval) tests the formulas against reality.
+* `measure_step` runs one forward + backward under `track_memory` and times it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from .memory import MemoryLog, track_memory
+
+REPO_SLUG = "ckpt-lab/ckpt-lab"
+BRANCH = "main"
+NOTEBOOK_DIR = "notebooks"
+
+LESSONS = {
+    "00_tour": "A tour: what checkpointing trades",
+    "01_where_memory_goes": "Where the memory goes",
+    "02_checkpointing_from_scratch": "Checkpointing from scratch",
+    "03_segments_and_sqrt_l": "Segments and sqrt(L)",
+    "04_the_price": "The price: recompute FLOPs and step time",
+    "05_transformers_selective": "Transformers and selective recomputation",
+}
+
+MIB = 2 ** 20
+GIB = 2 ** 30
+
+
+# ---------------------------------------------------------------------------------- links
+def _notebook(name: str) -> str:
+    name = name[:-len(".ipynb")] if name.endswith(".ipynb") else name
+    if not name or "/" in name.strip("/").replace("solutions/", "", 1):
+        raise ValueError(f"give a notebook name such as '03_segments_and_sqrt_l' or "
+                         f"'solutions/03_segments_and_sqrt_l_solutions', got {name!r}")
+    return name + ".ipynb"
+
+
+def colab_url(name: str) -> str:
+    """The "Open in Colab" address of notebooks/NAME.ipynb on the public repository."""
+    return (f"https://colab.research.google.com/github/{REPO_SLUG}/blob/{BRANCH}/"
+            f"{NOTEBOOK_DIR}/{_notebook(name)}")
+
+
+def binder_url(name: str) -> str:
+    """The Binder (JupyterLab) address of notebooks/NAME.ipynb on the public repository."""
+    return (f"https://mybinder.org/v2/gh/{REPO_SLUG}/{BRANCH}"
+            f"?urlpath=lab/tree/{NOTEBOOK_DIR}/{_notebook(name)}")
+
+
+def github_url(name: str) -> str:
+    """The notebook's page on GitHub."""
+    return f"https://github.com/{REPO_SLUG}/blob/{BRANCH}/{NOTEBOOK_DIR}/{_notebook(name)}"
+
+
+def badges_markdown(name: str) -> str:
+    """Markdown for the Colab and Binder badges of one notebook."""
+    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"({colab_url(name)}) "
+            f"[![Binder](https://mybinder.org/badge_logo.svg)]({binder_url(name)})")
+
+
+def lesson_links_markdown() -> str:
+    """A Markdown list linking every lesson (relative links, plus Colab)."""
+    return "\n".join(f"- [{title}]({name}.ipynb) ([Colab]({colab_url(name)}))"
+                     for name, title in LESSONS.items())
+
+
+# ------------------------------------------------------------------------- device and sizes
+def pick_device(prefer: str | None = None) -> torch.device:
+    """CUDA when present (or asked for), CPU otherwise."""
+    if prefer is not None:
+        dev = torch.device(prefer)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("prefer='cuda' but no CUDA device is available; use 'cpu' or None")
+        return dev
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def sizes(device: torch.device | str | None = None, **pairs) -> SimpleNamespace:
+    """Pick each size for the device: ``sizes(width=(256, 2048))`` -> width 256 on CPU, 2048 on GPU."""
+    gpu = pick_device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+    out = {}
+    for key, value in pairs.items():
+        if not (isinstance(value, tuple) and len(value) == 2):
+            raise ValueError(f"{key} must be a (cpu_value, gpu_value) pair, got {value!r}")
+        out[key] = value[1] if gpu else value[0]
+    return SimpleNamespace(**out)
+
+
+def corpus_tokens() -> torch.Tensor:
+    """The committed byte corpus; rebuilt from this Python's stdlib when the file is absent
+    (a pip install from git ships the package without ``data/``). Never downloads."""
+    from .data import SAMPLE_PATH, build_corpus, load_corpus
+    if SAMPLE_PATH.exists():
+        return load_corpus()
+    return torch.frombuffer(bytearray(build_corpus()), dtype=torch.uint8).long()
+
+
+# --------------------------------------------------------------------- measured vs predicted
+def fmt_bytes(n: float) -> str:
+    """Bytes as a short human string in KiB/MiB/GiB."""
+    n = float(n)
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def compare(label: str, measured: float, predicted: float, low: float = 0.95,
+            high: float = 1.05, unit: str = "bytes") -> float:
+    """Print measured, predicted and their ratio; raise AssertionError if the ratio leaves
+    [low, high]. Returns the ratio."""
+    if predicted == 0:
+        ratio = 1.0 if measured == 0 else float("inf")
+    else:
+        ratio = measured / predicted
+    show = fmt_bytes if unit == "bytes" else (lambda v: f"{v:,.4g} {unit}")
+    print(f"{label}: measured {show(measured)}, predicted {show(predicted)}, "
+          f"ratio {ratio:.3f}  (allowed {low}-{high})")
+    assert low <= ratio <= high, (
+        f"{label}: measured/predicted = {ratio:.3f} left [{low}, {high}]; the formula and the "
+        "program no longer agree, so find out which one changed")
+    return ratio
+
+
+@dataclass
+class StepMeasurement:
+    """One forward + backward: exact peak bytes, the log with its timeline, median seconds."""
+
+    peak_bytes: int
+    seconds: float
+    log: MemoryLog
+
+
+def _sync(device):
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_step(step, repeats: int = 3, device=None) -> StepMeasurement:
+    """Run ``step()`` (a forward and backward) once under `track_memory`, then time it.
+
+    Memory comes from the tracked run; time is the median of ``repeats`` untracked runs (the
+    tracker's bookkeeping would slow the tracked one down).
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    with track_memory() as log:
+        step()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return StepMeasurement(log.peak_bytes, sorted(times)[len(times) // 2], log)
+
+
+def kept_after_forward(module, *inputs) -> int:
+    """Bytes allocated by module(*inputs) and still alive after its forward: what backward needs."""
+    with track_memory() as mem:
+        out = module(*inputs)
+        kept = mem.current_bytes
+    del out
+    return kept
+
+
+def chain_step_peak_bytes(num_layers: int, segments: int, unit_bytes: int) -> int:
+    """Predicted peak of one step of a chain of Linear -> ReLU blocks under checkpoint_sequential.
+
+    Each block keeps one output of ``unit_bytes`` and a kept input is as large, so the
+    activations follow `formulas.uniform_peak_bytes`; on top of them, while a block runs
+    backward, the gradient arriving at it and the one it produces are alive: two more units.
+    (Parameter gradients are left out: the lessons allocate them before measuring.)
+    """
+    from .formulas import uniform_peak_bytes
+    return uniform_peak_bytes(num_layers, segments, unit_bytes, unit_bytes) + 2 * unit_bytes
+
+
+def dropout_mask_bytes(device=None) -> int:
+    """Bytes per element of the mask dropout saves for backward here (measured: 4 on CPU,
+    where dropout multiplies by a float mask; 1 on CUDA, whose fused kernel saves a bool)."""
+    x = torch.ones(8, device=device, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        torch.nn.functional.dropout(x, 0.5, training=True)
+    masks = [t for t in saved if t.shape == x.shape and t.data_ptr() != x.data_ptr()]
+    if not masks:
+        raise RuntimeError("dropout saved no mask; this PyTorch build saves something new")
+    return masks[0].element_size()
+
+
+def gpt_layer_bytes(seq: int, batch: int, hidden: int, heads: int, act_bytes: int = 4,
+                    mask_bytes: int = 1) -> int:
+    """Bytes one ckpt_lab GPT block keeps for backward: Megatron's terms at our dtypes, plus
+    what Megatron leaves out: LayerNorm mean and 1/std (fp32, two per token per LayerNorm)
+    and the boolean causal mask that masked_fill saves (seq x seq bytes)."""
+    from .formulas import megatron_layer_terms
+    terms = megatron_layer_terms(seq, batch, hidden, heads, act_bytes, mask_bytes)
+    return sum(terms.values()) + 2 * 2 * seq * batch * 4 + seq * seq

@@ -1,0 +1,337 @@
+"""Exercises of the lessons and the functions that check a learner's answer.
+
+``check("03.optimal_segments", answer)`` prints ✓ when the answer is right, a hint when it is
+not, "not answered yet" for ``None``, and returns a bool; it never raises on a wrong answer,
+so a notebook left unanswered still runs top to bottom. ``question(key)`` gives the text.
+
+Expected answers are never typed in: each is computed when checked, from
+`ckpt_lab.formulas` or by measuring a small run with `track_memory` and PyTorch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from . import formulas
+from .checkpoint import checkpoint
+from .course import kept_after_forward
+
+GIB = 2 ** 30
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """A question and the function that judges an answer: judge(answer) -> (ok, message)."""
+
+    key: str
+    question: str
+    judge: Callable[[Any], tuple[bool, str]]
+
+
+def _number(answer) -> float:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer != answer:
+        raise TypeError(f"expected a number, got {answer!r} ({type(answer).__name__})")
+    return float(answer)
+
+
+def _close(answer, expected: float, rel: float, hint_low: str, hint_high: str):
+    """Judge a number within a relative tolerance; the hint depends on the side it misses."""
+    value = _number(answer)
+    if math.isclose(value, expected, rel_tol=rel, abs_tol=1e-12):
+        return True, f"{value:,.6g} is right."
+    return False, hint_low if value < expected else hint_high
+
+
+# ------------------------------------------------------------------------------ lesson 1
+def _adam_mixed(answer):
+    expected = formulas.model_state_per_param("mixed", "adam").total
+    return _close(answer, expected, 1e-9,
+                  "Too few: besides the 16-bit weights and gradients, Adam keeps an fp32 "
+                  "master copy of the weights and two fp32 moments (momentum and variance).",
+                  "Too many: with ZeRO's accounting the gradients stay 16-bit (2 bytes) and "
+                  "there is one fp32 master copy (4) plus two fp32 moments (4 + 4).")
+
+
+def _block_bytes(answer):
+    from .memory import profile_layers
+    from .models import MLPBlock
+    tokens, width = 8 * 64, 512
+    torch.manual_seed(0)
+    chain = nn.Sequential(*[MLPBlock(width) for _ in range(3)])
+    prof = profile_layers(chain, torch.randn(tokens, width), repeats=1)
+    expected = prof[1].act_bytes
+    return _close(answer, expected, 1e-3,
+                  "Too few: count one (tokens x width) fp32 tensor the block must keep; "
+                  "tokens = batch x positions.",
+                  "Too many: the Linear's input is the previous block's ReLU output, already "
+                  "kept, and the pre-activation is freed once ReLU saved its own output.")
+
+
+def _adam_fp32_7b(answer):
+    expected = formulas.model_state_bytes(7_000_000_000, "fp32", "adam") / GIB
+    return _close(answer, expected, 0.02,
+                  "Too few: fp32 Adam keeps weights, gradients and two moments: 4 numbers of "
+                  "4 bytes per parameter. Convert bytes to GiB by dividing by 2**30.",
+                  "Too many: 16 bytes per parameter; 1 GiB is 2**30 bytes (not 10**9).")
+
+
+# ------------------------------------------------------------------------------ lesson 2
+def _dropout_chain(width: int = 16, depth: int = 4):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.3)]
+    return nn.Sequential(*layers)
+
+
+def _grads(chain, run, x, seed: int = 1):
+    chain.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)
+    torch.manual_seed(seed)
+    run(chain, x).square().sum().backward()
+    return [p.grad.clone() for p in chain.parameters()] + [x.grad.clone()]
+
+
+def _my_checkpoint(answer):
+    if not callable(answer):
+        return False, ("Pass your function itself, e.g. check('02.my_checkpoint', "
+                       "hooks_checkpoint), taking (fn, x) and returning fn(x).")
+    chain = _dropout_chain()
+    x = torch.randn(64, 16)
+    plain = _grads(chain, lambda f, t: f(t), x)
+    try:
+        yours = _grads(chain, answer, x)
+    except Exception as e:  # the learner's code: report, do not raise
+        return False, f"Your function raised {type(e).__name__}: {e}"
+    if not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, yours)):
+        return False, ("Gradients differ from a plain run. The chain has Dropout: save "
+                       "torch.get_rng_state() in forward and restore it around the recompute.")
+    xs = x.detach().requires_grad_(True)
+    kept_plain = kept_after_forward(chain, xs)
+    kept = kept_after_forward(lambda t: answer(chain, t), xs)
+    if kept >= kept_plain:
+        return False, (f"Gradients are right, but your forward keeps {kept:,} bytes, no less "
+                       f"than a plain run ({kept_plain:,}). Run the function under "
+                       "torch.no_grad() (reentrant) or pack saved tensors into handles (hooks).")
+    return True, f"Gradients match a plain run and the forward keeps {kept:,} of {kept_plain:,} bytes."
+
+
+class _ResBlock(nn.Module):
+    """x + relu(bn(conv(x))), with the whole branch checkpointed when asked."""
+
+    def __init__(self, channels: int, whole_branch: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.bn = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU()
+        self.whole_branch = whole_branch
+
+    def branch(self, x):
+        return self.relu(self.bn(self.conv(x)))
+
+    def forward(self, x):
+        if self.whole_branch:
+            return x + checkpoint(self.branch, x)
+        return x + self.branch(x)
+
+
+def _branch_saving(answer):
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16, 16, requires_grad=True)
+    plain = kept_after_forward(_ResBlock(8, False), x)
+    ckpt = kept_after_forward(_ResBlock(8, True), x)
+    expected = plain - ckpt
+    return _close(answer, expected, 0.01,
+                  "Too few: with the whole branch checkpointed, both the BatchNorm's input "
+                  "(the conv output) and the ReLU's output are dropped, each as large as x.",
+                  "Too many: x itself is kept (it is the checkpoint's input and the residual "
+                  "needs it) and the block's output is alive either way.")
+
+
+RNG_LAYERS = {"Linear": lambda: nn.Linear(16, 16), "ReLU": nn.ReLU,
+              "Dropout": lambda: nn.Dropout(0.5), "BatchNorm1d": lambda: nn.BatchNorm1d(16)}
+
+
+def layers_needing_rng() -> set[str]:
+    """Measured: the layer types whose gradients change when the RNG state is not restored."""
+    out = set()
+    for name, make in RNG_LAYERS.items():
+        torch.manual_seed(0)
+        layer = nn.Sequential(nn.Linear(16, 16), make())
+        x = torch.randn(32, 16)
+        grads = []
+        for preserve in (True, False):
+            layer.zero_grad(set_to_none=True)
+            torch.manual_seed(1)
+            checkpoint(layer, x.requires_grad_(True), preserve_rng_state=preserve).sum().backward()
+            grads.append(layer[0].weight.grad.clone())
+        if not torch.equal(*grads):
+            out.add(name)
+    return out
+
+
+def _rng_layers(answer):
+    if isinstance(answer, str):
+        answer = {answer}
+    try:
+        given = {str(a) for a in answer}
+    except TypeError:
+        return False, "Give a set of layer names, e.g. {'Linear', 'ReLU'}."
+    unknown = given - set(RNG_LAYERS)
+    if unknown:
+        return False, f"Unknown names {sorted(unknown)}; choose from {sorted(RNG_LAYERS)}."
+    expected = layers_needing_rng()
+    if given == expected:
+        return True, f"{sorted(given)}: only these draw random numbers in forward."
+    if given - expected:
+        return False, (f"{sorted(given - expected)} compute the same thing every time they "
+                       "run; a layer needs the RNG replayed only if it draws random numbers.")
+    return False, "Something that draws random numbers in forward is missing from your set."
+
+
+# ------------------------------------------------------------------------------ lesson 3
+def _optimal_segments(answer):
+    expected = formulas.optimal_segment_count(16, 1, 1)
+    value = _number(answer)
+    if value == expected:
+        return True, f"{expected} segments: peak (S - 1) + 16 / S layers is least there."
+    return False, ("Write the peak as (S - 1) kept inputs + 16 / S layers of the last segment "
+                   "and try S = 2, 3, 4, 5, 8 (the last segment takes the remainder).")
+
+
+def _peak_in_layers(answer):
+    expected = formulas.uniform_peak_bytes(36, 6, 1, 1)
+    return _close(answer, expected, 1e-9,
+                  "Too few: count the kept inputs of every segment before the last one too.",
+                  "Too many: only the last segment's 36 / 6 layers are alive at once, plus "
+                  "one kept input per earlier segment.")
+
+
+def _sqrt_growth(answer):
+    def best(n):
+        s = formulas.optimal_segment_count(n, 1, 1)
+        return formulas.uniform_peak_bytes(n, s, 1, 1)
+    expected = best(64) / best(16)
+    return _close(answer, expected, 0.05,
+                  "Too small: the optimal peak is about 2 sqrt(L) layers, so compute "
+                  "best(64) / best(16) with best(L) = min over S of (S - 1) + L / S.",
+                  "Too large: 4x more layers without checkpoints is 4x the memory, but with "
+                  "the best segmentation the peak grows like sqrt(L).")
+
+
+# ------------------------------------------------------------------------------ lesson 4
+def _full_recompute_ratio(answer):
+    expected = (formulas.dense_training_flops(10 ** 6, 10 ** 3, 1.0)
+                / formulas.dense_training_flops(10 ** 6, 10 ** 3, 0.0))
+    return _close(answer, expected, 0.01,
+                  "Too small: recomputation adds one whole forward (2NT) to a step of "
+                  "forward 2NT + backward 4NT.",
+                  "Too large: backward costs twice the forward, so one extra forward is a "
+                  "third of a step, not a half.")
+
+
+def _recomputed_layers(answer):
+    expected = formulas.recompute_layers(formulas.uniform_boundaries(12, 4), 12)
+    return _close(answer, expected, 1e-9,
+                  "Too few: every segment but the last is re-run in backward; 3 segments of "
+                  "12 // 4 layers.",
+                  "Too many: the last segment is not checkpointed, so it is not re-run.")
+
+
+# ------------------------------------------------------------------------------ lesson 5
+def _megatron_gib(answer):
+    expected = formulas.megatron_layer_bytes(2048, 1, 12288, 96) / GIB
+    return _close(answer, expected, 0.02,
+                  "Too few: sbh(34 + 5as/h) bytes with s = 2048, b = 1, h = 12288, a = 96; "
+                  "the 5as/h term is 80 here, more than the 34.",
+                  "Too many: divide bytes by 2**30 for GiB; the formula already counts "
+                  "16-bit activations (2 bytes each).")
+
+
+def _crossover(answer):
+    h, a = 768, 12
+    expected = 34 * h / (5 * a)
+    return _close(answer, expected, 0.03,
+                  "Too short: set 5as/h = 34 and solve for s with h = 768, a = 12.",
+                  "Too long: set 5as/h = 34 and solve for s with h = 768, a = 12.")
+
+
+def _selective_fraction(answer):
+    s, b, h, a = 2048, 1, 768, 12
+    full = formulas.megatron_layer_bytes(s, b, h, a)
+    expected = 1 - formulas.megatron_layer_bytes(s, b, h, a, selective=True) / full
+    return _close(answer, expected, 0.02,
+                  "Too small: selective recomputation drops the whole 5as/h part; compute "
+                  "(5as/h) / (34 + 5as/h).",
+                  "Too large: the 34 sbh of the projections and the MLP stay; give the "
+                  "fraction (between 0 and 1) that is removed.")
+
+
+EXERCISES = {e.key: e for e in [
+    Exercise("01.adam_mixed_bytes", "Mixed-precision training with Adam, ZeRO's accounting "
+             "(16-bit weights and gradients): how many bytes per parameter?", _adam_mixed),
+    Exercise("01.block_activation_bytes", "One MLPBlock (Linear -> ReLU, width 512, fp32, no "
+             "dropout) in the middle of a chain, batch of 8 rows x 64 positions: how many bytes "
+             "does it keep for backward?", _block_bytes),
+    Exercise("01.adam_fp32_7b", "A 7-billion-parameter model trained in fp32 with Adam: how "
+             "many GiB do weights, gradients and optimizer states take?", _adam_fp32_7b),
+    Exercise("02.my_checkpoint", "Pass your checkpoint function (fn, x) -> fn(x): it must give "
+             "the gradients of a plain run through Dropout and keep fewer bytes.",
+             _my_checkpoint),
+    Exercise("02.branch_saving", "x of shape (4, 8, 16, 16) fp32, block x + relu(bn(conv(x))): "
+             "how many bytes does checkpointing the whole branch save after the forward?",
+             _branch_saving),
+    Exercise("02.rng_layers", "Which of Linear, ReLU, Dropout, BatchNorm1d need the RNG state "
+             "restored for the recompute? Give a set of names.", _rng_layers),
+    Exercise("03.optimal_segments", "16 identical layers, a kept input as large as one layer's "
+             "activations: which segment count gives checkpoint_sequential the least peak?",
+             _optimal_segments),
+    Exercise("03.peak_in_layers", "36 identical layers in 6 uniform segments: the peak, in "
+             "units of one layer's activations (a kept input is one unit)?", _peak_in_layers),
+    Exercise("03.sqrt_growth", "With the best segment count each time, by what factor does the "
+             "peak grow from 16 to 64 layers?", _sqrt_growth),
+    Exercise("04.full_recompute_ratio", "Dense model, forward 2NT FLOPs, backward 4NT: FLOPs of "
+             "a step with full recomputation divided by FLOPs without?", _full_recompute_ratio),
+    Exercise("04.recomputed_layers", "checkpoint_sequential on 12 layers with segments=4: how "
+             "many layer forwards does backward re-run?", _recomputed_layers),
+    Exercise("05.megatron_gib", "GPT-3 (s=2048, b=1, h=12288, a=96), 16-bit: GiB of "
+             "activations per layer by Megatron's sbh(34 + 5as/h)?", _megatron_gib),
+    Exercise("05.crossover_seq", "GPT-2 small (h=768, a=12): at what sequence length does the "
+             "attention term 5as/h equal the 34?", _crossover),
+    Exercise("05.selective_fraction", "GPT-2 small at s=2048: what fraction of a layer's "
+             "activation bytes does selective recomputation remove?", _selective_fraction),
+]}
+
+
+def _get(key: str) -> Exercise:
+    if key not in EXERCISES:
+        raise ValueError(f"unknown exercise {key!r}; valid: {', '.join(EXERCISES)}")
+    return EXERCISES[key]
+
+
+def question(key: str) -> str:
+    """The text of an exercise."""
+    return _get(key).question
+
+
+def keys(lesson: int | None = None) -> list[str]:
+    """Exercise keys, all or one lesson's (e.g. keys(3))."""
+    return [k for k in EXERCISES if lesson is None or k.startswith(f"{lesson:02d}.")]
+
+
+def check(key: str, answer) -> bool:
+    """Print ✓ or a hint for ``answer`` ("not answered yet" for None); True when right."""
+    exercise = _get(key)
+    if answer is None:
+        print(f"{key}: not answered yet. {exercise.question}")
+        return False
+    try:
+        ok, message = exercise.judge(answer)
+    except TypeError as e:
+        ok, message = False, str(e)
+    print(f"{key}: {'✓' if ok else '✗'} {message}")
+    return ok

@@ -1,0 +1,99 @@
+"""The course's figures: memory timelines, side-by-side bars, stacked budgets, measured vs predicted.
+
+Every function draws measured numbers handed to it (nothing is typed in), titles its axes with
+units (MiB, ms), draws measurements as points or bars and predictions as lines, and returns the
+matplotlib Figure. Pass ``ax`` to draw into an existing axes (the widgets redraw in place).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from .memory import MemoryLog
+
+MIB = 2 ** 20
+PHASE_COLORS = {"forward": "tab:blue", "recompute": "tab:orange", "backward": "tab:green",
+                "optimizer": "tab:purple"}
+
+
+def _axes(ax, figsize=(7, 3.5)):
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize)
+        return fig, ax
+    return ax.figure, ax
+
+
+def timeline(logs: dict[str, MemoryLog], ax=None, title="Live memory during one training step"):
+    """Live MiB after each operation, one line per run, points coloured by phase."""
+    fig, ax = _axes(ax, (8, 3.5))
+    for name, log in logs.items():
+        steps = [p.step for p in log.timeline]
+        live = [p.live_bytes / MIB for p in log.timeline]
+        (line,) = ax.plot(steps, live, lw=1.2, label=f"{name} (peak {log.peak_bytes / MIB:.1f} MiB)")
+        for phase, color in PHASE_COLORS.items():
+            pts = [(p.step, p.live_bytes / MIB) for p in log.timeline if p.phase == phase]
+            if pts and phase != "forward":
+                ax.scatter(*zip(*pts), s=4, color=color, zorder=3)
+    handles, labels = ax.get_legend_handles_labels()
+    for phase, color in PHASE_COLORS.items():
+        if any(p.phase == phase for log in logs.values() for p in log.timeline) \
+                and phase != "forward":
+            handles.append(plt.Line2D([], [], ls="", marker="o", color=color))
+            labels.append(f"{phase} ops")
+    ax.legend(handles, labels, fontsize=8)
+    ax.set(title=title, xlabel="operation (in order)", ylabel="live memory (MiB)")
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    return fig
+
+
+def side_by_side(names, peak_bytes, seconds, title="Memory and time per training step"):
+    """Two bar panels: peak MiB and step time in ms, one bar per run (all measured)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    colors = [f"C{i}" for i in range(len(names))]
+    a.bar(names, [p / MIB for p in peak_bytes], color=colors)
+    a.set(title="peak memory (measured)", ylabel="MiB")
+    b.bar(names, [s * 1e3 for s in seconds], color=colors)
+    b.set(title="step time (measured)", ylabel="ms")
+    for ax in (a, b):
+        ax.tick_params(axis="x", labelrotation=15)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def stacked(breakdowns: dict[str, dict[str, int]], predicted: dict[str, int] | None = None,
+            ax=None, title="Where the memory of a training step goes"):
+    """Stacked bars of measured bytes per part (MiB); predicted totals as horizontal lines."""
+    fig, ax = _axes(ax, (8, 4))
+    labels = list(breakdowns)
+    parts = list(dict.fromkeys(p for d in breakdowns.values() for p in d))
+    bottoms = [0.0] * len(labels)
+    for i, part in enumerate(parts):
+        vals = [breakdowns[l].get(part, 0) / MIB for l in labels]
+        ax.bar(labels, vals, bottom=bottoms, label=f"{part} (measured)", color=f"C{i}")
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    if predicted:
+        for j, label in enumerate(labels):
+            if label in predicted:
+                ax.hlines(predicted[label] / MIB, j - 0.4, j + 0.4, colors="k", lw=2,
+                          label="predicted total" if j == 0 else None)
+    ax.set(title=title, ylabel="MiB")
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="x", labelrotation=15)
+    fig.tight_layout()
+    return fig
+
+
+def measured_vs_predicted(x, measured, predicted, xlabel: str, title: str, ax=None,
+                          ylabel="MiB", scale=MIB, marker_x=None, label_predicted="predicted"):
+    """Measured as points, predicted as a line; y divided by ``scale`` (MiB by default)."""
+    fig, ax = _axes(ax)
+    ax.plot(x, [p / scale for p in predicted], "-", color="C1", label=label_predicted)
+    ax.plot(x, [m / scale for m in measured], "o", color="C0", label="measured")
+    if marker_x is not None:
+        ax.axvline(marker_x, color="gray", ls=":", label=f"{xlabel} = {marker_x}")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,290 @@
+"""Interactive explorers for the lessons: sliders that re-measure and redraw one figure.
+
+Each explorer is an ``ipywidgets.VBox`` holding real ``IntSlider``s (``continuous_update=False``,
+so a measurement runs when the slider is released), an HTML line with the numbers and an
+``Image`` widget with the figure as PNG bytes, re-rendered from one matplotlib Figure whose
+artists are redrawn in place. No ipympl or browser is needed: tests set
+``explorer.sliders["segments"].value`` and read ``explorer.result``.
+
+* `segments_explorer`: peak memory against segment count (the U curve), measured and
+  predicted, and the memory timeline ("sawtooth") of the chosen setting (lesson 3).
+* `seq_explorer`: a GPT block's activation bytes against sequence length, with the linear and
+  quadratic (attention) terms of the formula (lesson 5).
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import ipywidgets as W
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import nn
+
+from . import formulas
+from .checkpoint import checkpoint_sequential
+from .course import chain_step_peak_bytes, dropout_mask_bytes, fmt_bytes, gpt_layer_bytes, \
+    kept_after_forward, pick_device
+from .memory import MemoryLog, track_memory
+from .models import Block, GPTConfig, MLPBlock
+
+MIB = 2 ** 20
+
+
+def _slider(name: str, value: int, lo: int, hi: int, step: int = 1) -> W.IntSlider:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} must lie between {lo} and {hi}")
+    return W.IntSlider(value=value, min=lo, max=hi, step=step, description=name,
+                       continuous_update=False, readout=True,
+                       style={"description_width": "initial"})
+
+
+class Explorer(W.VBox):
+    """Sliders, a line of numbers and a figure that `update` redraws whenever a slider moves."""
+
+    def __init__(self, sliders: dict[str, W.IntSlider], figsize=(10, 3.6)):
+        self.sliders = sliders
+        self.text = W.HTML()
+        self.image = W.Image(format="png")
+        self.figure = Figure(figsize=figsize)
+        FigureCanvasAgg(self.figure)
+        self.result = None
+        self._busy = False
+        super().__init__([W.HBox(list(sliders.values())), self.text, self.image])
+        for s in sliders.values():
+            s.observe(self._changed, names="value")
+
+    def values(self) -> dict[str, int]:
+        """Current slider values by name."""
+        return {k: s.value for k, s in self.sliders.items()}
+
+    def _changed(self, _change):
+        if not self._busy:
+            self.refresh()
+
+    def refresh(self):
+        """Re-measure at the current slider values and redraw the figure."""
+        self._busy = True
+        try:
+            self.result = self.update(**self.values())
+        finally:
+            self._busy = False
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=80)
+        self.image.value = buf.getvalue()
+
+    def update(self, **values):
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- segments (lesson 3)
+@dataclass
+class SegmentsResult:
+    """What the segments explorer measured at one slider setting (bytes)."""
+
+    layers: int
+    segments: int
+    batch: int
+    width: int
+    peak_bytes: int
+    predicted_bytes: int
+    unit_bytes: int
+    measured_curve: list[int]
+    predicted_curve: list[int]
+    best_segments: int
+    predicted_best: int
+    log: MemoryLog = field(repr=False)
+
+    @property
+    def ratio(self) -> float:
+        """measured / predicted peak at the chosen segment count."""
+        return self.peak_bytes / self.predicted_bytes
+
+
+def measure_chain_peak(blocks: nn.Sequential, x: torch.Tensor, segments: int) -> MemoryLog:
+    """One forward + backward of checkpoint_sequential(blocks, x, segments), tracked.
+
+    Parameter gradients are allocated beforehand (zeroed, not freed), so the log shows
+    activations and the gradients flowing between blocks, not model state.
+    """
+    for p in blocks.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.zero_()
+    with track_memory() as log:
+        checkpoint_sequential(blocks, x, segments=segments).sum().backward()
+    return log
+
+
+class SegmentsExplorer(Explorer):
+    """Peak memory of an MLP chain against segment count, measured and predicted."""
+
+    def __init__(self, layers=16, segments=4, batch=16, width=64, positions=64,
+                 max_layers=32, max_batch=64, max_width=256, device=None):
+        self.device = pick_device(device)
+        self.positions = positions
+        self._models: dict[tuple[int, int], nn.Sequential] = {}
+        sliders = {"segments": _slider("segments", segments, 1, layers),
+                   "layers": _slider("layers", layers, 2, max_layers),
+                   "batch": _slider("batch", batch, 1, max_batch),
+                   "width": _slider("width", width, 16, max_width, 16)}
+        super().__init__(sliders)
+        self.ax_curve, self.ax_time = self.figure.subplots(1, 2)
+        self.refresh()
+
+    def _blocks(self, layers: int, width: int) -> nn.Sequential:
+        key = (layers, width)
+        if key not in self._models:
+            torch.manual_seed(0)
+            self._models = {key: nn.Sequential(*[MLPBlock(width) for _ in range(layers)])
+                            .to(self.device)}
+        return self._models[key]
+
+    def update(self, segments, layers, batch, width):
+        seg_slider = self.sliders["segments"]
+        if seg_slider.max != layers:
+            seg_slider.max = layers          # clamps the value too
+            segments = seg_slider.value
+        blocks = self._blocks(layers, width)
+        torch.manual_seed(1)
+        x = torch.randn(batch * self.positions, width, device=self.device, requires_grad=True)
+        unit = x.numel() * x.element_size()
+        logs = {s: measure_chain_peak(blocks, x, s) for s in range(1, layers + 1)}
+        measured = [logs[s].peak_bytes for s in range(1, layers + 1)]
+        predicted = [chain_step_peak_bytes(layers, s, unit) for s in range(1, layers + 1)]
+        best = min(range(1, layers + 1), key=lambda s: (measured[s - 1], s))
+        result = SegmentsResult(layers, segments, batch, width, measured[segments - 1],
+                                predicted[segments - 1], unit, measured, predicted, best,
+                                formulas.optimal_segment_count(layers, unit, unit),
+                                logs[segments])
+        self._draw(result)
+        self.text.value = (
+            f"<b>{layers} layers, {segments} segments</b>: peak measured "
+            f"{fmt_bytes(result.peak_bytes)}, predicted {fmt_bytes(result.predicted_bytes)} "
+            f"(ratio {result.ratio:.3f}); least measured peak at {best} segments, formula's "
+            f"optimum {result.predicted_best} (sqrt(L) = {layers ** 0.5:.1f}).")
+        return result
+
+    def _draw(self, r: SegmentsResult):
+        ax = self.ax_curve
+        ax.clear()
+        xs = list(range(1, r.layers + 1))
+        ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="C1", label="predicted")
+        ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="C0", ms=4, label="measured")
+        ax.axvline(r.segments, color="gray", ls=":", label=f"chosen: {r.segments}")
+        ax.set(title=f"Peak memory vs segments ({r.layers} layers)", xlabel="segments",
+               ylabel="peak memory (MiB)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        ax = self.ax_time
+        ax.clear()
+        for phase, color in (("forward", "C0"), ("recompute", "C1"), ("backward", "C2")):
+            pts = [(p.step, p.live_bytes / MIB) for p in r.log.timeline if p.phase == phase]
+            if pts:
+                ax.plot(*zip(*pts), ".", ms=3, color=color, label=phase)
+        ax.set(title=f"Timeline at {r.segments} segments (measured)", xlabel="operation",
+               ylabel="live memory (MiB)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        self.figure.tight_layout()
+
+
+def segments_explorer(**kwargs) -> SegmentsExplorer:
+    """Sliders for segments, layers, batch and width driving the U curve and the sawtooth."""
+    return SegmentsExplorer(**kwargs)
+
+
+# ------------------------------------------------------------------------ sequence (lesson 5)
+@dataclass
+class SeqResult:
+    """A GPT block's kept bytes at one sequence length, measured and predicted."""
+
+    seq: int
+    measured_bytes: int
+    predicted_bytes: int
+    linear_bytes: int        # the sbh terms at our dtypes
+    quadratic_bytes: int     # the a s^2 b (attention core) terms at our dtypes
+    megatron_bytes: int      # Megatron's sbh(34 + 5as/h), 16-bit activations
+
+    @property
+    def ratio(self) -> float:
+        """measured / predicted."""
+        return self.measured_bytes / self.predicted_bytes
+
+
+class SeqExplorer(Explorer):
+    """Activation bytes of one GPT block against sequence length: the s^2 term takes over."""
+
+    def __init__(self, seq=64, batch=4, n_embd=128, n_head=4, max_seq=256, step=16,
+                 device=None):
+        self.device = pick_device(device)
+        self.batch, self.n_embd, self.n_head, self.max_seq = batch, n_embd, n_head, max_seq
+        self.mask_bytes = dropout_mask_bytes(self.device)
+        config = GPTConfig(block_size=max_seq, n_head=n_head, n_embd=n_embd, dropout=0.1)
+        torch.manual_seed(0)
+        self.block = Block(config).to(self.device)
+        self.measured: dict[int, int] = {}
+        super().__init__({"seq_len": _slider("seq_len", seq, step, max_seq, step)},
+                         figsize=(7, 3.6))
+        self.ax = self.figure.subplots()
+        self.refresh()
+
+    def terms(self, seq: int) -> tuple[int, int]:
+        """(linear, quadratic) bytes of the formula at this sequence length."""
+        t = formulas.megatron_layer_terms(seq, self.batch, self.n_embd, self.n_head, 4,
+                                          self.mask_bytes)
+        quad = sum(v for k, v in t.items() if k in formulas.ATTENTION_CORE_TERMS)
+        return sum(t.values()) - quad, quad
+
+    def measure(self, seq: int) -> int:
+        """Bytes one block keeps after its forward at this sequence length (cached)."""
+        if seq not in self.measured:
+            torch.manual_seed(1)
+            x = torch.randn(self.batch, seq, self.n_embd, device=self.device,
+                            requires_grad=True)
+            self.measured[seq] = kept_after_forward(self.block, x)
+        return self.measured[seq]
+
+    def update(self, seq_len):
+        measured = self.measure(seq_len)
+        lin, quad = self.terms(seq_len)
+        predicted = gpt_layer_bytes(seq_len, self.batch, self.n_embd, self.n_head, 4,
+                                    self.mask_bytes)
+        result = SeqResult(seq_len, measured, predicted, lin, quad,
+                           formulas.megatron_layer_bytes(seq_len, self.batch, self.n_embd,
+                                                         self.n_head))
+        self._draw(result)
+        share = quad / (lin + quad)
+        self.text.value = (
+            f"<b>seq_len {seq_len}</b>: one block keeps {fmt_bytes(measured)} measured, "
+            f"{fmt_bytes(predicted)} predicted (ratio {result.ratio:.3f}); the attention "
+            f"core's s&sup2; terms are {share:.0%} of it.")
+        return result
+
+    def _draw(self, r: SeqResult):
+        ax = self.ax
+        ax.clear()
+        grid = list(range(self.sliders["seq_len"].step, self.max_seq + 1,
+                          self.sliders["seq_len"].step))
+        lin = [self.terms(s)[0] / MIB for s in grid]
+        quad = [self.terms(s)[1] / MIB for s in grid]
+        ax.plot(grid, lin, "-", color="C2", label="predicted: linear (s b h) terms")
+        ax.plot(grid, quad, "-", color="C3", label="predicted: attention (a s² b) terms")
+        ax.plot(grid, [a + b for a, b in zip(lin, quad)], "-", color="C1",
+                label="predicted: total")
+        pts = sorted(self.measured.items())
+        ax.plot([s for s, _ in pts], [b / MIB for _, b in pts], "o", color="C0",
+                label="measured (one block)")
+        ax.axvline(r.seq, color="gray", ls=":")
+        ax.set(title="Activation memory of one GPT block vs sequence length",
+               xlabel="sequence length s (tokens)", ylabel="MiB")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        self.figure.tight_layout()
+
+
+def seq_explorer(**kwargs) -> SeqExplorer:
+    """A sequence-length slider showing the quadratic attention term take over."""
+    return SeqExplorer(**kwargs)

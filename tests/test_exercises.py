@@ -1,0 +1,105 @@
+"""Every exercise accepts a right answer worked out independently, rejects a wrong one with a
+hint, and never raises on an unanswered or malformed one."""
+import math
+
+import pytest
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from ckpt_lab import exercises
+from ckpt_lab.course import kept_after_forward
+
+
+def _best_peak(layers: int) -> int:
+    """Least uniform checkpoint_sequential peak, in layer units, by brute force."""
+    best = None
+    for s in range(1, layers + 1):
+        size = layers // s
+        peak = (s - 1) + (layers - (s - 1) * size)
+        best = peak if best is None else min(best, peak)
+    return best
+
+
+def _torch_checkpoint(fn, x):
+    return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False)
+
+
+def _branch_saving_by_hand():
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+    branch = lambda t: torch.relu(bn(conv(t)))
+    x = torch.randn(4, 8, 16, 16, requires_grad=True)
+    plain = kept_after_forward(lambda t: t + branch(t), x)
+    ckpt = kept_after_forward(lambda t: t + _torch_checkpoint(branch, t), x)
+    return plain - ckpt
+
+
+RIGHT = {
+    "01.adam_mixed_bytes": (2 + 2 + 4 + 4 + 4, 17),
+    "01.block_activation_bytes": (8 * 64 * 512 * 4, 2 * 8 * 64 * 512 * 4),
+    "01.adam_fp32_7b": (7e9 * 16 / 2 ** 30, 7e9 * 16 / 1e9 * 2),
+    "02.my_checkpoint": (_torch_checkpoint, lambda fn, x: fn(x)),
+    "02.rng_layers": ({"Dropout"}, {"Dropout", "BatchNorm1d"}),
+    "03.optimal_segments": (4, 16),
+    "03.peak_in_layers": (5 + 6, 6),
+    "03.sqrt_growth": (_best_peak(64) / _best_peak(16), 4.0),
+    "04.full_recompute_ratio": (8 / 6, 1.5),
+    "04.recomputed_layers": (9, 12),
+    "05.megatron_gib": (2048 * 12288 * (34 + 5 * 96 * 2048 / 12288) / 2 ** 30, 1.0),
+    "05.crossover_seq": (34 * 768 / (5 * 12), 2048),
+    "05.selective_fraction": ((5 * 12 * 2048 / 768) / (34 + 5 * 12 * 2048 / 768), 0.5),
+}
+
+
+def test_every_exercise_has_a_right_and_a_wrong_answer_here():
+    assert set(RIGHT) | {"02.branch_saving"} == set(exercises.keys())
+
+
+@pytest.mark.parametrize("key", sorted(RIGHT))
+def test_right_and_wrong(key, capsys):
+    right, wrong = RIGHT[key]
+    assert exercises.check(key, right) is True
+    assert "✓" in capsys.readouterr().out
+    assert exercises.check(key, wrong) is False
+    out = capsys.readouterr().out
+    assert "✗" in out and len(out) > 40          # a hint, not just a cross
+
+
+def test_branch_saving_against_torch_checkpoint(capsys):
+    saving = _branch_saving_by_hand()
+    assert saving > 2 * 4 * 8 * 16 * 16 * 4 * 0.99
+    assert exercises.check("02.branch_saving", saving)
+    assert not exercises.check("02.branch_saving", 0)
+
+
+def test_unanswered_and_malformed_never_raise(capsys):
+    for key in exercises.keys():
+        assert exercises.check(key, None) is False
+        assert "not answered yet" in capsys.readouterr().out
+    assert exercises.check("03.optimal_segments", "four") is False
+    assert exercises.check("02.rng_layers", {"Conv"}) is False
+    assert exercises.check("02.my_checkpoint", 3) is False
+    assert "Conv" in capsys.readouterr().out
+
+
+def test_a_raising_answer_is_reported(capsys):
+    def broken(fn, x):
+        raise RuntimeError("boom")
+    assert exercises.check("02.my_checkpoint", broken) is False
+    assert "boom" in capsys.readouterr().out
+
+
+def test_unknown_key_and_lesson_filter():
+    with pytest.raises(ValueError, match="valid"):
+        exercises.check("99.nope", 1)
+    assert exercises.keys(3) == ["03.optimal_segments", "03.peak_in_layers", "03.sqrt_growth"]
+    for lesson in range(1, 6):
+        assert 2 <= len(exercises.keys(lesson)) <= 3
+    assert all(exercises.question(k).endswith("?") or "." in exercises.question(k)
+               for k in exercises.keys())
+
+
+def test_rng_layers_measured():
+    assert exercises.layers_needing_rng() == {"Dropout"}
+    assert math.isclose(_best_peak(16), 7)
