@@ -426,13 +426,18 @@ class RecomputeSafeBatchNorm2d(nn.BatchNorm2d):
     """
 
     def forward(self, x):
-        if self.training and current_phase() in ("recompute", "backward"):
+        if self.training and _recomputing():
             return F.batch_norm(x, self.running_mean.clone(), self.running_var.clone(),
                                 self.weight, self.bias, True, self._momentum(), self.eps)
         return super().forward(x)
 
     def _momentum(self) -> float:
         return 0.0 if self.momentum is None else self.momentum
+
+
+def _recomputing() -> bool:
+    """True inside a checkpoint's recompute: ckpt_lab labels it; any other runs in backward."""
+    return current_phase() == "recompute" or torch._C._current_autograd_node() is not None
 
 
 class ConvBNReLU(nn.Sequential):

@@ -273,6 +273,18 @@ def test_resnet_batchnorm_stats_updated_once_under_checkpoint(policy, impl):
     assert int(ckpt.blocks()[0].bn1.num_batches_tracked) == 1
 
 
+def test_batchnorm_stats_right_even_inside_a_user_phase_label():
+    """A user's own phase label around backward must not hide torch's recompute."""
+    from ckpt_lab.memory import phase
+    cfg = get_config("resnet-tiny")
+    x, y = image_batch(cfg)
+    model = build_model(cfg, "every", impl="torch")
+    loss = model(x, y)
+    with phase("my backward"):
+        loss.backward()
+    assert int(model.blocks()[0].bn1.num_batches_tracked) == 1
+
+
 def test_plain_batchnorm_would_count_the_batch_twice():
     """The control: an ordinary BatchNorm2d under checkpoint updates its statistics twice."""
     bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
