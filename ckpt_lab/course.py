@@ -175,16 +175,21 @@ def kept_after_forward(module, *inputs) -> int:
     return kept
 
 
-def chain_step_peak_bytes(num_layers: int, segments: int, unit_bytes: int) -> int:
+def chain_step_peak_bytes(num_layers: int, segments: int, unit_bytes: int,
+                          weight_grad_bytes: int = 0) -> int:
     """Predicted peak of one step of a chain of Linear -> ReLU blocks under checkpoint_sequential.
 
     Each block keeps one output of ``unit_bytes`` and a kept input is as large, so the
-    activations follow `formulas.uniform_peak_bytes`; on top of them, while a block runs
-    backward, the gradient arriving at it and the one it produces are alive: two more units.
-    (Parameter gradients are left out: the lessons allocate them before measuring.)
+    activations follow `formulas.uniform_peak_bytes`. The peak comes in backward: a block's
+    gradient w.r.t. its input (one unit) is produced while the gradient arriving at it is still
+    alive, and its own output, already used, is freed: one unit more, net. Add the block's
+    weight gradient (``weight_grad_bytes``), computed into a fresh tensor and then added to
+    ``.grad``. (Parameter gradients themselves are model state: the lessons allocate them
+    before measuring.)
     """
     from .formulas import uniform_peak_bytes
-    return uniform_peak_bytes(num_layers, segments, unit_bytes, unit_bytes) + 2 * unit_bytes
+    return (uniform_peak_bytes(num_layers, segments, unit_bytes, unit_bytes) + unit_bytes
+            + weight_grad_bytes)
 
 
 def dropout_mask_bytes(device=None) -> int:

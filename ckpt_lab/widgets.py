@@ -153,7 +153,8 @@ class SegmentsExplorer(Explorer):
         unit = x.numel() * x.element_size()
         logs = {s: measure_chain_peak(blocks, x, s) for s in range(1, layers + 1)}
         measured = [logs[s].peak_bytes for s in range(1, layers + 1)]
-        predicted = [chain_step_peak_bytes(layers, s, unit) for s in range(1, layers + 1)]
+        wgrad = (width * width + width) * x.element_size()
+        predicted = [chain_step_peak_bytes(layers, s, unit, wgrad) for s in range(1, layers + 1)]
         best = min(range(1, layers + 1), key=lambda s: (measured[s - 1], s))
         result = SegmentsResult(layers, segments, batch, width, measured[segments - 1],
                                 predicted[segments - 1], unit, measured, predicted, best,
