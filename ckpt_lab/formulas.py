@@ -485,7 +485,9 @@ def mlp_layers(batch: int, seq: int, depth: int, width: int, vocab: int,
     embed = LayerBytes("embed", 0, N * H * d, False, False)
     blocks = [LayerBytes(f"block {i}", 0, N * H * d, True, True, 2 * N * H * d + H * H * d
                          + H * d) for i in range(depth)]
-    head = LayerBytes("head", 0, N * vocab * d, True, False, N * H * d + vocab * H * d)
+    # head backward: grad of its input, of its weight and of its bias
+    head = LayerBytes("head", 0, N * vocab * d, True, False,
+                      N * H * d + vocab * H * d + vocab * d)
     return [embed, *blocks, head]
 
 
