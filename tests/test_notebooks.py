@@ -1,0 +1,144 @@
+"""Conventions every course notebook keeps, checked statically (nbval runs them; the budget
+hook in notebooks/conftest.py times them), plus one run proving the budget hook can fail."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ckpt_lab import course, exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+NB_DIR = ROOT / "notebooks"
+LESSONS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
+SOLUTIONS = sorted((NB_DIR / "solutions").glob("[0-9][0-9]_*_solutions.ipynb"))
+ALL = LESSONS + SOLUTIONS
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(NB_DIR).with_suffix("").as_posix()
+
+
+def _read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def _code(nb):
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+COURSE = [p for p in LESSONS if p.stem in course.LESSONS]
+
+
+def test_course_map_matches_the_files():
+    assert [p.stem for p in COURSE] == list(course.LESSONS)
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_badges_point_at_own_notebook(path):
+    first = _read(path).cells[0]
+    assert first.cell_type == "markdown"
+    name = _name(path)
+    assert course.colab_url(name) in first.source
+    assert course.binder_url(name) in first.source
+    urls = re.findall(r"https://(?:colab\.research\.google\.com/github|mybinder\.org/v2)/[^)\s]+",
+                      first.source)
+    assert urls and all(name + ".ipynb" in u for u in urls), urls
+    assert course.REPO_SLUG in course.colab_url(name) and course.BRANCH in course.binder_url(name)
+
+
+@pytest.mark.parametrize("path", COURSE, ids=_name)
+def test_lesson_says_what_the_learner_will_be_able_to_do(path):
+    assert "you will be able to" in _read(path).cells[0].source
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_outputs_stripped_and_kernelspec(path):
+    nb = _read(path)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_first_code_cell_installs_only_when_missing(path):
+    first = _code(_read(path))[0]
+    assert re.search(r"try:\s*\n\s*import ckpt_lab\s*\nexcept ImportError:", first), first
+    pip_lines = [line for line in first.splitlines() if "pip install" in line]
+    assert pip_lines and all(line.startswith("    ") for line in pip_lines)   # inside except
+    assert any("--no-deps" in line and course.REPO_SLUG in line for line in pip_lines)
+    assert not any(re.search(r"\btorch\b", line) for line in pip_lines)
+
+
+def _calls(source: str, prefix: str):
+    for m in re.finditer(re.escape(prefix) + r"\w*\(", source):
+        depth, i = 0, m.end() - 1
+        for i in range(m.end() - 1, len(source)):
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            if depth == 0:
+                break
+        yield source[m.start():i + 1]
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_use_reentrant_always_explicit(path):
+    for src in _code(_read(path)):
+        for call in _calls(src, "torch.utils.checkpoint.checkpoint"):
+            assert "use_reentrant=" in call, call
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_no_downloads_at_run_time(path):
+    for src in _code(_read(path))[1:]:
+        assert not re.search(r"urlretrieve|requests\.|wget|curl |https?://|download=True", src), src
+
+
+@pytest.mark.parametrize("path", COURSE[1:], ids=_name)
+def test_exercises_and_solutions(path):
+    lesson = int(path.name[:2])
+    keys = exercises.keys(lesson)
+    assert 2 <= len(keys) <= 3
+    lesson_code = "\n".join(_code(_read(path)))
+    solution = NB_DIR / "solutions" / f"{path.stem}_solutions.ipynb"
+    assert solution.exists(), f"missing {solution}"
+    solution_code = "\n".join(_code(_read(solution)))
+    for key in keys:
+        assert f'exercises.check("{key}", ' in lesson_code
+        assert f'exercises.check("{key}", ' in solution_code
+    # unanswered in the lesson: every answer variable starts as None
+    for src in _code(_read(path)):
+        if "exercises.check(" in src:
+            assert re.search(r"=\s*None", src), src
+
+
+def test_tour_links_every_lesson():
+    tour = "\n".join(c.source for c in _read(NB_DIR / "00_tour.ipynb").cells if c.cell_type == "markdown")
+    for name in course.LESSONS:
+        if name != "00_tour":
+            assert f"({name}.ipynb)" in tour
+
+
+def test_budget_hook_fails_a_notebook_over_budget(tmp_path):
+    """Run one tiny notebook under nbval with a zero-second budget: the hook must fail it and
+    still write its measurements."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("x = [0] * 1000"), nbformat.v4.new_code_cell("print(len(x))")]
+    target = NB_DIR / "zz_budget_probe.ipynb"   # beside the conftest that holds the hook
+    out = tmp_path / "budgets.json"
+    nbformat.write(nb, target)
+    try:
+        env = dict(os.environ, CKPT_LAB_NB_BUDGET_SECONDS="0", CKPT_LAB_NB_BUDGET_JSON=str(out))
+        proc = subprocess.run([sys.executable, "-m", "pytest", str(target), "-p", "no:cacheprovider",
+                               "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        target.unlink()
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "over its budget" in proc.stdout
+    record = json.loads(out.read_text())["zz_budget_probe.ipynb"]
+    assert record["seconds"] > 0 and record["peak_rss_mib"] > 10
