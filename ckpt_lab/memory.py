@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 _local = threading.local()
 
@@ -108,14 +107,10 @@ class _Tracker(TorchDispatchMode):
 
     def _record(self, func, args, kwargs, out):
         log = self.log
-        aliasing = any(r.alias_info is not None for r in func._schema.returns)
         new = []
-        if not aliasing:
-            seen_inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
-                           if isinstance(t, torch.Tensor) and _has_storage(t)}
-            for t in tree_leaves(out):
-                if not isinstance(t, torch.Tensor) or not _has_storage(t):
-                    continue
+        if not _aliases(func):
+            seen_inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
+            for t in _tensors(out):
                 st = t.untyped_storage()
                 key = id(st)
                 if key in seen_inputs or key in self._refs or st.nbytes() == 0:
@@ -154,8 +149,28 @@ class _Tracker(TorchDispatchMode):
             self._refs.clear()
 
 
-def _has_storage(t: torch.Tensor) -> bool:
-    return t.device.type != "meta" and not t.is_sparse and t.layout == torch.strided
+_ALIASES: dict = {}
+
+
+def _aliases(func) -> bool:
+    """Whether an op's outputs may share storage with its inputs (views, in-place, out=)."""
+    hit = _ALIASES.get(func)
+    if hit is None:
+        hit = _ALIASES[func] = any(r.alias_info is not None for r in func._schema.returns)
+    return hit
+
+
+def _tensors(tree):
+    """The dense tensors with real storage in nested tuples/lists/dicts (op args are shallow)."""
+    if isinstance(tree, torch.Tensor):
+        if tree.layout == torch.strided and tree.device.type != "meta":
+            yield tree
+    elif isinstance(tree, (list, tuple)):
+        for item in tree:
+            yield from _tensors(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _tensors(item)
 
 
 def _cuda_ready() -> bool:

@@ -186,7 +186,7 @@ def test_tracker_costs_less_than_double_a_training_step():
     for _ in range(7):
         plain.append(timed(False))
         tracked.append(timed(True))
-    ratio = sorted(tracked)[3] / sorted(plain)[3]
+    ratio = min(tracked) / min(plain)   # the minimum is the run least disturbed by other load
     assert ratio < 2.0, f"tracker slowed the step {ratio:.2f}x"
 
 
