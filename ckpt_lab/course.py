@@ -97,12 +97,9 @@ def sizes(device: torch.device | str | None = None, **pairs) -> SimpleNamespace:
 
 
 def corpus_tokens() -> torch.Tensor:
-    """The committed byte corpus; rebuilt from this Python's stdlib when the file is absent
-    (a pip install from git ships the package without ``data/``). Never downloads."""
-    from .data import SAMPLE_PATH, build_corpus, load_corpus
-    if SAMPLE_PATH.exists():
-        return load_corpus()
-    return torch.frombuffer(bytearray(build_corpus()), dtype=torch.uint8).long()
+    """The course's byte corpus (see `ckpt_lab.data.load_corpus`). Never downloads."""
+    from .data import load_corpus
+    return load_corpus()
 
 
 # --------------------------------------------------------------------- measured vs predicted

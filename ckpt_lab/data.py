@@ -72,8 +72,16 @@ def write_corpus(path: str | os.PathLike = SAMPLE_PATH, **kwargs) -> Path:
     return path
 
 
-def load_corpus(path: str | os.PathLike = SAMPLE_PATH) -> torch.Tensor:
-    """The corpus as a 1-D int64 tensor of byte values (vocabulary of 256)."""
+def load_corpus(path: str | os.PathLike | None = None) -> torch.Tensor:
+    """The corpus as a 1-D int64 tensor of byte values (vocabulary of 256).
+
+    Without a path it reads the committed sample, or, where the package was installed without
+    the repository's data/ folder (pip from git, as on Colab), builds the same kind of corpus
+    from this Python's standard library. It never downloads.
+    """
+    if path is None:
+        data = SAMPLE_PATH.read_bytes() if SAMPLE_PATH.exists() else build_corpus()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path} does not exist; rebuild it with `python -m ckpt_lab.data`")

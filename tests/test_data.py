@@ -103,3 +103,13 @@ def test_split_and_batches_for_configs():
     assert isinstance(batches_for(get_config("gpt-tiny"), 4), TextBatches)
     imgs = batches_for(get_config("resnet-tiny"), 4)
     assert isinstance(imgs, ImageBatches) and imgs.get(0)[0].shape == (4, 3, 8, 8)
+
+
+def test_load_corpus_builds_from_the_stdlib_when_the_sample_is_not_installed(monkeypatch,
+                                                                              tmp_path):
+    import ckpt_lab.data as data
+    monkeypatch.setattr(data, "SAMPLE_PATH", tmp_path / "missing.txt")
+    tokens = data.load_corpus()
+    assert tokens.dtype == torch.int64 and len(tokens) > 10_000
+    assert torch.equal(tokens, torch.frombuffer(bytearray(data.build_corpus()),
+                                                dtype=torch.uint8).long())
