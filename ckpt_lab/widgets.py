@@ -289,3 +289,112 @@ class SeqExplorer(Explorer):
 def seq_explorer(**kwargs) -> SeqExplorer:
     """A sequence-length slider showing the quadratic attention term take over."""
     return SeqExplorer(**kwargs)
+
+
+# ------------------------------------------------------------------ plans under a budget (6, 10)
+@dataclass
+class PlanResult:
+    """The planner's plan at one budget, applied and measured (bytes; cost in forward seconds)."""
+
+    budget_bytes: int
+    boundaries: list
+    predicted_bytes: int       # the plan's modelled peak + the measured backward working memory
+    peak_bytes: int            # measured step peak with the plan applied
+    recompute_seconds: float   # profiled forward time of the layers the plan recomputes
+    forward_seconds: float     # profiled forward time of the whole chain
+
+    @property
+    def ratio(self) -> float:
+        """measured / predicted peak."""
+        return self.peak_bytes / self.predicted_bytes
+
+
+def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
+    """Step peak of checkpoint_sequential(layers, x, boundaries=...): activations and the
+    gradients between layers (parameter gradients are allocated beforehand, as in lessons)."""
+    layers = list(layers)
+    for p in nn.ModuleList(layers).parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.zero_()
+    with track_memory() as log:
+        checkpoint_sequential(layers, x, boundaries=list(boundaries)).float().sum().backward()
+    return log.peak_bytes
+
+
+class PlanExplorer(Explorer):
+    """A budget slider over any chain: the planner's plan, its predicted and measured peak, and
+    the Pareto front of peak memory against recomputed forward time."""
+
+    def __init__(self, layers, x: torch.Tensor, budget_fraction: float = 0.5, profile=None):
+        from .memory import profile_layers
+        from .planner import minimum_peak, pareto_front
+        self.layers, self.x = list(layers), x
+        self.profile = profile if profile is not None else profile_layers(self.layers, x)
+        self.act = [p.act_bytes for p in self.profile]
+        self.out = [p.out_bytes for p in self.profile]
+        self.cost = [p.forward_seconds for p in self.profile]
+        self.none_bytes = sum(self.act)
+        self.min_bytes = minimum_peak(self.act, self.out, self.cost)
+        self.front = pareto_front(self.act, self.out, self.cost)
+        # what the planner's activation model leaves out: backward's working memory
+        self.work_bytes = measure_plan_peak(self.layers, x, [0]) - self.none_bytes
+        self.measured: dict[tuple, int] = {}
+        lo = self.min_bytes / self.none_bytes
+        slider = W.FloatSlider(value=min(max(budget_fraction, lo), 1.0), min=round(lo, 2),
+                               max=1.0, step=0.01, description="budget (x no-checkpoint)",
+                               continuous_update=False, readout=True, readout_format=".2f",
+                               style={"description_width": "initial"})
+        super().__init__({"budget": slider}, figsize=(7, 3.6))
+        self.ax = self.figure.subplots()
+        self.refresh()
+
+    def plan(self, budget_bytes: int):
+        """The planner's cheapest plan within budget_bytes of modelled peak."""
+        from .planner import optimal_segments
+        return optimal_segments(self.act, self.out, self.cost, budget_bytes)
+
+    def update(self, budget):
+        # the slider's lowest stop is the least budget any plan fits (rounding aside)
+        budget_bytes = max(int(budget * self.none_bytes), self.min_bytes)
+        plan = self.plan(budget_bytes)
+        key = tuple(plan.boundaries)
+        if key not in self.measured:
+            self.measured[key] = measure_plan_peak(self.layers, self.x, key)
+        result = PlanResult(budget_bytes, list(plan.boundaries), plan.peak_bytes + self.work_bytes,
+                            self.measured[key], plan.recompute_cost, sum(self.cost))
+        self._draw(result)
+        self.text.value = (
+            f"<b>budget {fmt_bytes(budget_bytes)}</b>: plan {result.boundaries} recomputes "
+            f"{result.recompute_seconds / result.forward_seconds:.0%} of the forward; peak "
+            f"measured {fmt_bytes(result.peak_bytes)}, predicted {fmt_bytes(result.predicted_bytes)} "
+            f"(ratio {result.ratio:.3f})")
+        return result
+
+    def _draw(self, r: PlanResult):
+        ax = self.ax
+        ax.clear()
+        total = sum(self.cost)
+        xs = [(p.peak_bytes + self.work_bytes) / MIB for p in self.front]
+        ys = [100 * p.recompute_cost / total for p in self.front]
+        ax.step(xs, ys, where="post", color="C1", label="Pareto front (predicted)")
+        pts = [(self.measured[k] / MIB,
+                100 * self.plan_cost(k) / total) for k in self.measured]
+        ax.plot(*zip(*pts), "o", color="C0", label="plans applied (measured peak)")
+        ax.axvline((r.budget_bytes + self.work_bytes) / MIB, color="gray", ls=":",
+                   label="budget + backward working memory")
+        ax.set(title="Peak memory against recomputation", xlabel="step peak (MiB)",
+               ylabel="forward recomputed (%)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        self.figure.tight_layout()
+
+    def plan_cost(self, boundaries) -> float:
+        """Profiled forward seconds of the layers a plan recomputes (all before the last start)."""
+        return sum(self.cost[:list(boundaries)[-1]])
+
+
+def plan_explorer(layers, x, **kwargs) -> PlanExplorer:
+    """A budget slider that plans (ckpt_lab.planner), applies and measures on any chain."""
+    return PlanExplorer(layers, x, **kwargs)
