@@ -172,23 +172,6 @@ def kept_after_forward(module, *inputs) -> int:
     return kept
 
 
-def chain_step_peak_bytes(num_layers: int, segments: int, unit_bytes: int,
-                          weight_grad_bytes: int = 0) -> int:
-    """Predicted peak of one step of a chain of Linear -> ReLU blocks under checkpoint_sequential.
-
-    Each block keeps one output of ``unit_bytes`` and a kept input is as large, so the
-    activations follow `formulas.uniform_peak_bytes`. The peak comes in backward: a block's
-    gradient w.r.t. its input (one unit) is produced while the gradient arriving at it is still
-    alive, and its own output, already used, is freed: one unit more, net. Add the block's
-    weight gradient (``weight_grad_bytes``), computed into a fresh tensor and then added to
-    ``.grad``. (Parameter gradients themselves are model state: the lessons allocate them
-    before measuring.)
-    """
-    from .formulas import uniform_peak_bytes
-    return (uniform_peak_bytes(num_layers, segments, unit_bytes, unit_bytes) + unit_bytes
-            + weight_grad_bytes)
-
-
 def dropout_mask_bytes(device=None) -> int:
     """Bytes per element of the mask dropout saves for backward here (measured: 4 on CPU,
     where dropout multiplies by a float mask; 1 on CUDA, whose fused kernel saves a bool)."""
@@ -201,12 +184,3 @@ def dropout_mask_bytes(device=None) -> int:
         raise RuntimeError("dropout saved no mask; this PyTorch build saves something new")
     return masks[0].element_size()
 
-
-def gpt_layer_bytes(seq: int, batch: int, hidden: int, heads: int, act_bytes: int = 4,
-                    mask_bytes: int = 1) -> int:
-    """Bytes one ckpt_lab GPT block keeps for backward: Megatron's terms at our dtypes, plus
-    what Megatron leaves out: LayerNorm mean and 1/std (fp32, two per token per LayerNorm)
-    and the boolean causal mask that masked_fill saves (seq x seq bytes)."""
-    from .formulas import megatron_layer_terms
-    terms = megatron_layer_terms(seq, batch, hidden, heads, act_bytes, mask_bytes)
-    return sum(terms.values()) + 2 * 2 * seq * batch * 4 + seq * seq

@@ -214,6 +214,22 @@ def uniform_peak_bytes(num_layers: int, segments: int, layer_bytes: int,
                                 [boundary_bytes] * num_layers, boundary_bytes)
 
 
+def chain_step_peak_bytes(num_layers: int, segments: int, unit_bytes: int,
+                          weight_grad_bytes: int = 0) -> int:
+    """Predicted peak of one step of a chain of Linear -> ReLU blocks under checkpoint_sequential.
+
+    Each block keeps one output of ``unit_bytes`` and a kept input is as large, so the
+    activations follow `uniform_peak_bytes`. The peak comes in backward: a block's gradient
+    w.r.t. its input (one unit) is produced while the gradient arriving at it is still alive,
+    and its own output, already used, is freed: one unit more, net. Add the block's weight
+    gradient (``weight_grad_bytes``), computed into a fresh tensor and then added to ``.grad``.
+    (Parameter gradients themselves are model state: the lessons allocate them before
+    measuring.)
+    """
+    return (uniform_peak_bytes(num_layers, segments, unit_bytes, unit_bytes) + unit_bytes
+            + weight_grad_bytes)
+
+
 def optimal_segment_count(num_layers: int, layer_bytes: int, boundary_bytes: int) -> int:
     """The segment count with the least uniform peak (ties: fewer segments, less recompute).
 
@@ -406,14 +422,14 @@ class LayerBytes:
 
 
 def gpt_block_terms(batch: int, seq: int, n_embd: int, n_head: int, dtype_bytes: int = 4,
-                    dropout: bool = True) -> dict[str, int]:
+                    dropout: bool = True, mask_bytes: int | None = None) -> dict[str, int]:
     """Bytes one `models.Block` saves, term by term, in the order its forward runs.
 
     Next to Megatron's sbh(34 + 5as/h) (16-bit, 1-byte masks), the differences are:
     * dtype: every activation term scales with `dtype_bytes` (4 in fp32, 2 in bf16).
     * dropout masks: on CPU `nn.Dropout` multiplies by a scaled mask of the input's dtype,
       so each mask costs `dtype_bytes` per element, not 1 (CUDA's fused dropout keeps a
-      1-byte mask). The attention dropout keeps that mask *and* its output (for x V).
+      1-byte mask: pass `mask_bytes=1` there; the default is `dtype_bytes`). The attention dropout keeps that mask *and* its output (for x V).
     * transposes: q, k^T and v enter batched matmuls as non-contiguous views, which matmul
       copies; the copies are what is saved (same bytes as Megatron's Q, K, V terms), and the
       qkv output itself is freed. The core's output is made contiguous: the proj input.
@@ -426,6 +442,8 @@ def gpt_block_terms(batch: int, seq: int, n_embd: int, n_head: int, dtype_bytes:
     """
     N, C, d = batch * seq, n_embd, dtype_bytes
     NC, T2 = N * C * d, n_head * seq * seq * batch * d
+    m = d if mask_bytes is None else mask_bytes
+    NCm, T2m = N * C * m, n_head * seq * seq * batch * m
     terms = {
         "ln1 input (residual)": NC,
         "ln1 mean, rstd": 2 * N * d,
@@ -434,19 +452,26 @@ def gpt_block_terms(batch: int, seq: int, n_embd: int, n_head: int, dtype_bytes:
         "k^T copy (for q @ k^T)": NC,
         "causal mask (~mask, bool)": seq * seq,
         "softmax output": T2,
-        "attention dropout mask": T2 if dropout else 0,
+        "attention dropout mask": T2m if dropout else 0,
         "attention dropout output (for @ v)": T2 if dropout else 0,
         "v copy (for @ v)": NC,
         "proj input (contiguous core output)": NC,
-        "proj dropout mask": NC if dropout else 0,
+        "proj dropout mask": NCm if dropout else 0,
         "ln2 input (residual)": NC,
         "ln2 mean, rstd": 2 * N * d,
         "fc input (ln2 output)": NC,
         "GELU input (4C)": 4 * NC,
         "mlp proj input (GELU output, 4C)": 4 * NC,
-        "mlp dropout mask": NC if dropout else 0,
+        "mlp dropout mask": NCm if dropout else 0,
     }
     return terms
+
+
+def gpt_block_bytes(batch: int, seq: int, n_embd: int, n_head: int, dtype_bytes: int = 4,
+                    dropout: bool = True, mask_bytes: int | None = None) -> int:
+    """Total bytes one `models.Block` saves for backward: the sum of `gpt_block_terms`."""
+    return sum(gpt_block_terms(batch, seq, n_embd, n_head, dtype_bytes, dropout,
+                               mask_bytes).values())
 
 
 def gpt_layers(batch: int, seq: int, n_layer: int, n_embd: int, n_head: int, vocab: int,

@@ -24,8 +24,7 @@ from torch import nn
 
 from . import formulas
 from .checkpoint import checkpoint_sequential
-from .course import chain_step_peak_bytes, dropout_mask_bytes, fmt_bytes, gpt_layer_bytes, \
-    kept_after_forward, pick_device
+from .course import dropout_mask_bytes, fmt_bytes, kept_after_forward, pick_device
 from .memory import MemoryLog, track_memory
 from .models import Block, GPTConfig, MLPBlock
 
@@ -154,7 +153,7 @@ class SegmentsExplorer(Explorer):
         logs = {s: measure_chain_peak(blocks, x, s) for s in range(1, layers + 1)}
         measured = [logs[s].peak_bytes for s in range(1, layers + 1)]
         wgrad = (width * width + width) * x.element_size()
-        predicted = [chain_step_peak_bytes(layers, s, unit, wgrad) for s in range(1, layers + 1)]
+        predicted = [formulas.chain_step_peak_bytes(layers, s, unit, wgrad) for s in range(1, layers + 1)]
         best = min(range(1, layers + 1), key=lambda s: (measured[s - 1], s))
         result = SegmentsResult(layers, segments, batch, width, measured[segments - 1],
                                 predicted[segments - 1], unit, measured, predicted, best,
@@ -251,8 +250,8 @@ class SeqExplorer(Explorer):
     def update(self, seq_len):
         measured = self.measure(seq_len)
         lin, quad = self.terms(seq_len)
-        predicted = gpt_layer_bytes(seq_len, self.batch, self.n_embd, self.n_head, 4,
-                                    self.mask_bytes)
+        predicted = formulas.gpt_block_bytes(self.batch, seq_len, self.n_embd, self.n_head, 4,
+                                             mask_bytes=self.mask_bytes)
         result = SeqResult(seq_len, measured, predicted, lin, quad,
                            formulas.megatron_layer_bytes(seq_len, self.batch, self.n_embd,
                                                          self.n_head))

@@ -4,7 +4,8 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ckpt_lab import track_memory, widgets
-from ckpt_lab.course import chain_step_peak_bytes, kept_after_forward
+from ckpt_lab.course import kept_after_forward
+from ckpt_lab.formulas import chain_step_peak_bytes
 
 
 def _torch_peak(blocks: nn.Sequential, x, segments: int) -> int:
