@@ -76,15 +76,16 @@ def widget_notebooks(notebook_dir: Path) -> list[Path]:
     return [p for p in sorted(Path(notebook_dir).glob("*.ipynb")) if uses_widgets(p)]
 
 
-def code_cell(source: str) -> dict:
+def code_cell(source: str, tags: tuple[str, ...] = ()) -> dict:
     """A fresh nbformat-4 code cell."""
     return {"cell_type": "code", "execution_count": None, "id": secrets.token_hex(4),
-            "metadata": {}, "outputs": [], "source": source}
+            "metadata": {"tags": list(tags)} if tags else {}, "outputs": [], "source": source}
 
 
-def write_notebook(path: Path, sources: list[str]) -> Path:
-    """Write a notebook of code cells (python3 kernel) to path."""
-    nb = {"cells": [code_cell(s) for s in sources], "nbformat": 4, "nbformat_minor": 5,
+def write_notebook(path: Path, cells: list) -> Path:
+    """Write a notebook of code cells (python3 kernel) to path; a cell is a source or (source, tags)."""
+    cells = [code_cell(c) if isinstance(c, str) else code_cell(*c) for c in cells]
+    nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                       "language": "python"},
                        "language_info": {"name": "python"}}}
@@ -176,7 +177,8 @@ def start_jupyter(app: str, root_dir: Path, state_dir: Path, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"jupyter {app} exited with {process.returncode}:\n{log_path.read_text()}")
+            raise RuntimeError(f"jupyter {app} exited with {process.returncode}:\n"
+                               f"{log_path.read_text()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2):
                 return server
@@ -241,12 +243,14 @@ JS_FINGERPRINT = """async () => {
                 .map(e => e.innerText);
   return {imgs, texts};
 }"""
+# An output node showing a widget: the widget's view (or its error box) is the node or its child.
+WIDGET_OUTPUT = ".jp-OutputArea-output.jupyter-widgets, .jp-OutputArea-output:has(> .jupyter-widgets)"
 # Every output node, nested ones (inside an Output widget) included. A widget node's own text is
 # its error box when rendering failed; a plain node's text is what the learner reads.
 JS_OUTPUT_TEXTS = """() => Array.from(document.querySelectorAll('.jp-Notebook .jp-OutputArea-output'))
-  .map(e => ({widget: e.classList.contains('jupyter-widgets')
-                      || e.getAttribute('data-mime-type') === '""" + WIDGET_MIME + """',
-              text: e.innerText}))"""
+  .map(e => ({widget: e.matches('""" + WIDGET_OUTPUT + """'), text: e.innerText,
+              cell: Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell'))
+                      .indexOf(e.closest('.jp-Cell'))}))"""
 JS_DIALOGS = "() => Array.from(document.querySelectorAll('.jp-Dialog')).map(d => d.innerText)"
 
 
@@ -293,6 +297,8 @@ def run_all_cells(page, n_code_cells: int, timeout_s: float) -> None:
     def done():
         prompts = page.evaluate(JS_PROMPTS)
         counts = [int(p[1:-2]) for p in prompts if re.fullmatch(r"\[\d+\]:", p)]
+        if not counts:
+            return False
         # Run All stops at an error, so "done" is an idle kernel after the probe ran again.
         finished = len(counts) == n_code_cells or ("[*]:" not in prompts and counts[0] > first_count)
         return finished and counts[0] > first_count and kernel_idle(page)
@@ -318,15 +324,25 @@ def _read_json(path: Path):
         return None
 
 
+def expected_error_cells(nb: dict) -> set[int]:
+    """Indices of cells tagged `raises-exception` (a lesson showing an error on purpose)."""
+    return {i for i, c in enumerate(nb["cells"])
+            if "raises-exception" in c.get("metadata", {}).get("tags", [])}
+
+
 def saved_errors(nb: dict) -> list[str]:
-    """One line per error output in a saved notebook."""
+    """One line per unexpected error output in a saved notebook."""
+    allowed = expected_error_cells(nb)
     return [f"cell {i}: {o.get('ename')}: {o.get('evalue')}"
-            for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+            for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and i not in allowed
             for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
-def rendered_problems(page) -> list[str]:
-    """Widgets shown as text or as an error box, error outputs and open dialogs, as seen in the page."""
+def rendered_problems(page, error_cells: set[int] = frozenset()) -> list[str]:
+    """Widgets shown as text or as an error box, error outputs and open dialogs, as seen in the page.
+
+    Tracebacks in error_cells (indices of cells meant to raise) are not problems.
+    """
     problems = [f"dialog open: {text.strip()[:300]!r}" for text in page.evaluate(JS_DIALOGS)]
     for out in page.evaluate(JS_OUTPUT_TEXTS):
         text = (out["text"] or "").strip()
@@ -335,7 +351,7 @@ def rendered_problems(page) -> list[str]:
                 problems.append(f"widget failed to render: {text!r}")
         elif WIDGET_AS_TEXT.search(text):
             problems.append(f"widget rendered as text: {text[:200]!r}")
-        elif re.search(r"Traceback \(most recent call last\)", text):
+        elif "Traceback (most recent call last)" in text and out["cell"] not in error_cells:
             problems.append(f"error output: {text[-300:]!r}")
     return problems
 
@@ -348,24 +364,31 @@ def slider_state(slider) -> dict:
 
 
 def drag_slider(page, slider) -> None:
-    """Drag the handle by a fifth of the track (at least one step), towards the far end.
+    """Drag the handle about one step towards the low end (the cheaper re-measurement).
 
     A drag, not arrow keys: Notebook 7 swallows arrow keys in a capturing listener before the
-    slider sees them, so keyboard moves work in Lab only.
+    slider sees them, so keyboard moves work in Lab only. The step is not on the page, so the
+    drag grows (one unit, a fifth, half the track) until the readout changes.
     """
     state = slider_state(slider)
     slider.scroll_into_view_if_needed()
-    handle = slider.locator(".noUi-handle").first.bounding_box()
     track = slider.locator(".noUi-target").first.bounding_box()
-    span = max(state["max"] - state["min"], 1e-9)
-    dx = max(track["width"] / 5, 1.5 * track["width"] / span) if span >= 1 else track["width"] / 5
-    if state["now"] > (state["min"] + state["max"]) / 2:
-        dx = -dx
-    x, y = handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2
-    page.mouse.move(x, y)
-    page.mouse.down()
-    page.mouse.move(x + dx, y, steps=4)
-    page.mouse.up()
+    unit_px = track["width"] / max(state["max"] - state["min"], 1e-9)
+    sign = -1 if state["now"] > state["min"] else 1
+    for dx in (max(1.5 * unit_px, 4), track["width"] / 5, track["width"] / 2):
+        handle = slider.locator(".noUi-handle").first.bounding_box()
+        x, y = handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2
+        page.mouse.move(x, y)
+        page.mouse.down()
+        page.mouse.move(x + sign * dx, y, steps=4)
+        page.mouse.up()
+        try:
+            wait_until(lambda: slider_state(slider)["readout"] != state["readout"], 2,
+                       "the slider's readout to follow the drag")
+            return
+        except TimeoutError:
+            continue
+    raise TimeoutError(f"dragging the slider did not change its readout {state['readout']!r}")
 
 
 def move_slider(page, slider, timeout_s: float, quiet_s: float = 5) -> tuple[dict, dict, bool]:
@@ -376,8 +399,6 @@ def move_slider(page, slider, timeout_s: float, quiet_s: float = 5) -> tuple[dic
     """
     before_state, before = slider_state(slider), page.evaluate(JS_FINGERPRINT)
     drag_slider(page, slider)
-    wait_until(lambda: slider_state(slider)["readout"] != before_state["readout"], 10,
-               "the slider's readout to follow the drag")
     last_busy = [time.monotonic()]
 
     def changed_or_quiet():
@@ -389,7 +410,8 @@ def move_slider(page, slider, timeout_s: float, quiet_s: float = 5) -> tuple[dic
             return "quiet"
         return None
 
-    if wait_until(changed_or_quiet, timeout_s, "the output to change after moving the slider") == "quiet":
+    outcome = wait_until(changed_or_quiet, timeout_s, "the output to change after moving the slider")
+    if outcome == "quiet":
         raise TimeoutError(f"moving the slider from {before_state['readout']} changed no output "
                            f"(kernel idle for {quiet_s:.0f} s)")
     wait_until(lambda: kernel_idle(page), timeout_s, "the kernel to finish redrawing")
@@ -421,8 +443,8 @@ def check_notebook(context, server: JupyterServer, notebook: Path, artifacts_dir
     n_code_cells = add_probe_cell(notebook)
     report = LessonReport(rel, server.app)
     page = context.new_page()
-    page.on("console", lambda m: report.console.append(
-        f"{m.type}: {m.text} @ {m.location.get('url', '')}") if m.type in ("error", "warning") else None)
+    page.on("console", lambda m: report.console.append(f"{m.type}: {m.text} @ {m.location.get('url')}")
+            if m.type in ("error", "warning") else None)
     page.on("pageerror", lambda e: report.console.append(f"pageerror: {e.stack or e}"))
     clock = time.monotonic()
 
@@ -445,20 +467,31 @@ def check_notebook(context, server: JupyterServer, notebook: Path, artifacts_dir
         wait_until(lambda: page.locator(".jp-Notebook .jupyter-widgets").count() >= expected,
                    60, f"{expected} widget outputs to render")
         report.widgets = page.locator(".jp-Notebook .jupyter-widgets").count()
-        report.problems += rendered_problems(page)
+        report.problems += rendered_problems(page, expected_error_cells(saved))
         sliders = page.locator(".jp-Notebook .widget-slider")
         report.sliders = sliders.count()
         for i in range(report.sliders):
+            if sliders.nth(i).locator(".noUi-handle").count() != 1:
+                report.problems.append(f"slider {i} has no draggable handle")
+        # Drag the first slider of each displayed widget (an explorer): a slider move re-runs a
+        # measurement, so every slider of every explorer would not fit the time budget.
+        shown = page.locator(".jp-Notebook").locator(WIDGET_OUTPUT)
+        for i in range(shown.count()):
+            if shown.nth(i).locator(".widget-slider").count() == 0:
+                continue
             try:
-                before, after, redrawn = move_slider(page, sliders.nth(i), run_timeout_s)
+                first_slider = shown.nth(i).locator(".widget-slider").first
+                before, after, redrawn = move_slider(page, first_slider, run_timeout_s)
                 report.images_redrawn += redrawn
-                report.moves.append(f"slider {i}: {before['readout']} -> {after['readout']}, "
-                                    f"image {'redrawn' if redrawn else 'unchanged'}")
+                image = "redrawn" if redrawn else "unchanged"
+                report.moves.append(f"widget {i}, first slider: {before['readout']} -> "
+                                    f"{after['readout']}, image {image}")
             except TimeoutError as e:
-                report.problems.append(f"slider {i}: {e}")
+                report.problems.append(f"widget {i}, first slider: {e}")
         lap("sliders")
         # Callbacks run by the drags may have printed tracebacks into Output widgets.
-        report.problems += [p for p in rendered_problems(page) if p not in report.problems]
+        report.problems += [p for p in rendered_problems(page, expected_error_cells(saved))
+                            if p not in report.problems]
         report.problems += [f"browser console: {line[:500]}" for line in report.console
                             if line.startswith(("error", "pageerror"))
                             and WIDGET_CONSOLE_SOURCE.search(line)]
@@ -466,7 +499,10 @@ def check_notebook(context, server: JupyterServer, notebook: Path, artifacts_dir
         artifacts_dir.mkdir(parents=True, exist_ok=True)
         stem = f"{server.app}-{Path(rel).stem}"
         report.screenshot = artifacts_dir / f"{stem}.png"
-        page.screenshot(path=str(report.screenshot))
+        try:
+            page.screenshot(path=str(report.screenshot))
+        except Exception as e:  # a crashed page must not hide the error that crashed it
+            report.console.append(f"screenshot failed: {e}")
         (artifacts_dir / f"{stem}-console.log").write_text("\n".join(report.console) + "\n")
         page.close()
         server.shutdown_kernels()

@@ -10,6 +10,7 @@ Needs Debian's Chromium (`apt-get install -y chromium`); skips without it, excep
 """
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -25,17 +26,20 @@ RUN_TIMEOUT_S = 240  # one lesson's "Run All"; the whole suite's budget is 5 min
 
 # A one-slider lesson in miniature: the harness must pass it...
 GOOD = [
-    "import ipywidgets as widgets\nimport matplotlib.pyplot as plt\nfrom IPython.display import display",
+    "import ipywidgets as widgets\nimport matplotlib.pyplot as plt\n"
+    "from IPython.display import display",
     "slider = widgets.IntSlider(value=3, min=1, max=8, description='bars')\nout = widgets.Output()\n\n"
     "def draw(change=None):\n    with out:\n        out.clear_output(wait=True)\n"
     "        fig, ax = plt.subplots(figsize=(4, 2.5))\n"
     "        ax.bar(range(slider.value), range(1, slider.value + 1))\n        plt.show()\n\n"
     "slider.observe(draw, names='value')\ndraw()\ndisplay(widgets.VBox([slider, out]))",
+    ("raise MemoryError('shown on purpose')", ("raises-exception",)),  # a lesson may do this
 ]
 # ...and catch each way this one goes wrong.
 BROKEN = GOOD[:1] + [
     "print(widgets.IntSlider(value=4))  # a widget that reaches the page as text",
-    "lonely = widgets.IntSlider(value=2, max=5)  # moves, but redraws nothing\nplot = widgets.Output()\n"
+    "lonely = widgets.IntSlider(value=2, max=5)  # moves, but redraws nothing\n"
+    "plot = widgets.Output()\n"
     "with plot:\n    plt.plot([1, 2])\n    plt.show()\ndisplay(lonely, plot)",
     "display({'application/vnd.jupyter.widget-view+json': {'model_id': 'f00d', 'version_major': 2,\n"
     "         'version_minor': 0}, 'text/plain': 'Lost()'}, raw=True)  # a model the page never gets",
@@ -48,9 +52,8 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Path of Chromium; skip (fail under CI) when it or Playwright is missing."""
+def require_chromium() -> str:
+    """Path of Chromium; skip when it or Playwright is missing, but fail when CI is set."""
     path = bh.find_chromium()
     try:
         import playwright.sync_api  # noqa: F401
@@ -64,6 +67,12 @@ def chromium() -> str:
             pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)")
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Path of Chromium, or a skip (a failure under CI)."""
+    return require_chromium()
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +130,32 @@ def assert_learner_sees_working_widgets(report: bh.LessonReport) -> None:
     assert report.screenshot.is_file()
 
 
+@pytest.mark.parametrize("ci, outcome", [("", pytest.skip.Exception), ("true", pytest.fail.Exception)],
+                         ids=["local", "ci"])
+def test_missing_chromium_skips_locally_and_fails_in_ci(monkeypatch, ci, outcome):
+    monkeypatch.setattr(bh, "find_chromium", lambda: None)
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="apt-get install -y chromium"):
+        require_chromium()
+
+
+def test_widget_lessons_are_found_by_their_imports(tmp_path):
+    cells = {"magic_only": ['%pip install --quiet "ipywidgets>=8,<9"'],
+             "ours": ["from ckpt_lab import plots, widgets\nwidgets.segments_explorer()"],
+             "plain": ["import ipywidgets as W\nW.IntSlider()"],
+             "interact": ["from ipywidgets import interact\ninteract(print, x=3)"],
+             "none": ["print('no widgets here')"]}
+    for name, sources in cells.items():
+        bh.write_notebook(tmp_path / f"{name}.ipynb", sources)
+    assert [p.stem for p in bh.widget_notebooks(tmp_path)] == ["interact", "ours", "plain"]
+
+
 def test_harness_passes_a_one_slider_notebook(browser, lab, workdir):
     report = bh.check_notebook(browser, lab, workdir / "fixtures" / "one_slider.ipynb", ARTIFACTS,
                                RUN_TIMEOUT_S)
     assert_learner_sees_working_widgets(report)
     assert report.sliders == 1 and report.images_redrawn == 1
-    assert report.moves[0].startswith("slider 0: 3 -> ")
+    assert re.fullmatch(r"widget 0, first slider: 3 -> [12], image redrawn", report.moves[0])
 
 
 def test_harness_catches_broken_widgets(browser, lab, workdir):
@@ -136,7 +165,7 @@ def test_harness_catches_broken_widgets(browser, lab, workdir):
     assert "ZeroDivisionError" in problems
     assert "widget rendered as text: 'IntSlider(value=4)'" in problems
     assert "widget failed to render: 'Error displaying widget: model not found'" in problems
-    assert "slider 0: moving the slider from 2 changed no output" in problems
+    assert "first slider: moving the slider from 2 changed no output" in problems
     assert "browser console: error: Error: widget model not found" in problems
 
 
