@@ -397,3 +397,44 @@ class PlanExplorer(Explorer):
 def plan_explorer(layers, x, **kwargs) -> PlanExplorer:
     """A budget slider that plans (ckpt_lab.planner), applies and measures on any chain."""
     return PlanExplorer(layers, x, **kwargs)
+
+
+# ---------------------------------------------- what the planner's model leaves out (6, 10)
+def backward_work_bytes(layers, x: torch.Tensor) -> list[int]:
+    """Per layer, the most bytes its backward holds beyond what its forward saved: the gradient
+    arriving at its output, the one it sends on, and any temporaries (measured, one layer at a
+    time; parameter gradients are allocated beforehand, as in `measure_plan_peak`)."""
+    out, h = [], x.detach()
+    for layer in list(layers):
+        for p in layer.parameters():
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+        y = layer(h.detach().requires_grad_(h.is_floating_point()))
+        with track_memory() as log:
+            y.backward(torch.ones_like(y))
+        out.append(log.peak_bytes)
+        h = y.detach()
+        del y
+    return out
+
+
+def plan_peak_bounds(boundaries, act_bytes, out_bytes, work_bytes, input_bytes: int = 0):
+    """(low, high) bytes that the measured step peak of a plan must lie between.
+
+    low is the planner's model (`formulas.segmented_peak_bytes`): while a segment's
+    activations are alive, so are the inputs kept before it. high adds what the model leaves
+    out, segment by segment: the segment's own input (`profile_layers` books it to the layer
+    before, which saved it first) and the largest backward working memory of its layers
+    (`backward_work_bytes`), counted as if it coincided with all the segment's activations.
+    """
+    n = len(act_bytes)
+    if not (len(out_bytes) == len(work_bytes) == n):
+        raise ValueError(f"act_bytes, out_bytes and work_bytes need one entry per layer; got "
+                         f"lengths {n}, {len(out_bytes)}, {len(work_bytes)}")
+    starts = list(boundaries)
+    low = formulas.segmented_peak_bytes(starts, act_bytes, out_bytes, input_bytes)
+    kept, high = 0, 0
+    for a, b in zip(starts, starts[1:] + [n]):
+        own = input_bytes if a == 0 else out_bytes[a - 1]
+        high = max(high, kept + own + sum(act_bytes[a:b]) + max(work_bytes[a:b]))
+        kept += own
+    return low, high
