@@ -382,3 +382,97 @@ EXERCISES.update({e.key: e for e in [
              "what factor can checkpointing plus accumulation lower the peak?",
              _accumulation_bound),
 ]})
+
+
+# ------------------------------------------------------------------------------ lesson 6
+SHRINKING_ACT = [4, 4, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1]    # units: a net whose resolution halves
+SHRINKING_OUT = [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]
+
+
+def _plan_recompute(answer):
+    from .planner import optimal_segments
+    plan = optimal_segments(SHRINKING_ACT, SHRINKING_OUT, [1] * len(SHRINKING_ACT), 14)
+    value = _number(answer)
+    if value == plan.recompute_cost:
+        return True, (f"{plan.recompute_cost:g} layers: plan {plan.boundaries} (peak "
+                      f"{plan.peak_bytes} units) re-runs everything before its last segment.")
+    return False, ("Too many: the last segment is not re-run, so make it as long as the budget "
+                   "allows (the small layers at the end are cheap to keep)."
+                   if value > plan.recompute_cost else
+                   "Too few: with the last segment that long, some earlier segment no longer "
+                   "fits; try planner.optimal_segments(act, out, [1] * 12, 14).")
+
+
+def _bisection_forwards(answer):
+    expected = 32 + formulas.bisection_cost(32, 1, 1).recompute_layers
+    return _close(answer, expected, 1e-9,
+                  "Too few: besides the 32 forwards, each layer is re-run once per level at "
+                  "which it lies in a first half: (L/2) log2 L recomputed layers.",
+                  "Too many: the second half of each split is not checkpointed at that level; "
+                  "(L/2) log2 L layers are recomputed, on top of the 32 forwards.")
+
+
+def _bisection_peak(answer):
+    expected = formulas.bisection_cost(64, 1, 1).peak_bytes
+    return _close(answer, expected, 1e-9,
+                  "Too few: every level of the recursion keeps one input while the one "
+                  "layer at the bottom keeps its activations: M(n) = max(1 + M(n - n//2), M(n//2)).",
+                  "Too many: recursive bisection keeps one input per level, log2(64) levels, "
+                  "plus one layer: far less than sqrt segments' 15.")
+
+
+EXERCISES.update({e.key: e for e in [
+    Exercise("06.plan_recompute", "A chain of 12 layers keeping [4, 4, 4, 4, 2, 2, 2, 2, 1, 1, "
+             "1, 1] units with outputs [2, 2, 2, 2, 1, ...] units, each costing 1 to run: under "
+             "a budget of 14 units, how many layer forwards does the cheapest plan recompute?",
+             _plan_recompute),
+    Exercise("06.bisection_forwards", "checkpoint_recursive on 32 identical layers: how many "
+             "layer forwards does one step run in all (forward plus recompute)?",
+             _bisection_forwards),
+    Exercise("06.bisection_peak", "64 identical layers, each keeping 1 unit, a kept input 1 "
+             "unit: the peak of recursive bisection, in units (formulas.bisection_cost's model)?",
+             _bisection_peak),
+]})
+
+
+# ----------------------------------------------------------------------------- lesson 10
+def _minimum_budget(answer):
+    from .planner import BudgetTooSmallError, optimal_segments
+    try:
+        optimal_segments(SHRINKING_ACT, SHRINKING_OUT, [1] * len(SHRINKING_ACT), 0)
+    except BudgetTooSmallError as e:
+        expected = e.minimum_bytes
+    return _close(answer, expected, 1e-9,
+                  "Too small: no plan fits that. Every segment's activations plus the inputs "
+                  "kept before it must fit; catch BudgetTooSmallError and read .minimum_bytes.",
+                  "Too large: a finer plan fits a smaller budget; ask the planner with budget 0 "
+                  "and read BudgetTooSmallError.minimum_bytes.")
+
+
+def rng_matters_for_dropout() -> bool:
+    """Measured: do a Dropout chain's gradients change when the checkpoint skips the RNG replay?"""
+    chain = _dropout_chain()
+    x = torch.randn(64, 16)
+    plain = _grads(chain, lambda f, t: f(t), x)
+    loose = _grads(chain, lambda f, t: checkpoint(f, t, preserve_rng_state=False), x)
+    return not all(torch.equal(a, b) for a, b in zip(plain, loose))
+
+
+def _rng_replay(answer):
+    if not isinstance(answer, bool):
+        return False, "Answer True or False."
+    expected = rng_matters_for_dropout()
+    if answer == expected:
+        return True, ("Right: without the replay the recompute draws a new dropout mask, so "
+                      "backward differentiates a different function than the forward ran.")
+    return False, ("Try it: checkpoint(..., preserve_rng_state=False) on a model with Dropout, "
+                   "then compare gradients with torch.equal against a plain run.")
+
+
+EXERCISES.update({e.key: e for e in [
+    Exercise("10.minimum_budget", "The chain of exercise 06.plan_recompute ([4, 4, 4, 4, 2, 2, "
+             "2, 2, 1, 1, 1, 1] units kept, outputs [2, 2, 2, 2, 1, ...]): what is the least "
+             "budget, in units, that the planner accepts?", _minimum_budget),
+    Exercise("10.rng_replay", "A model with Dropout, checkpointed with preserve_rng_state=False: "
+             "do its gradients differ from a plain run's? (True or False)", _rng_replay),
+]})
