@@ -1,0 +1,162 @@
+"""Lessons 6 and 10: the peak bounds of a plan hold on a measured run, and their exercises
+accept answers worked out independently (brute force, PyTorch) and reject wrong ones."""
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from ckpt_lab import exercises, profile_layers, widgets
+from ckpt_lab.checkpoint import checkpoint
+
+
+def _shrinking_convnet():
+    torch.manual_seed(0)
+
+    def conv(ci, co, stride=1):
+        return nn.Sequential(nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False),
+                             nn.BatchNorm2d(co), nn.ReLU())
+    return [conv(3, 4), conv(4, 4), conv(4, 8, 2), conv(8, 8), conv(8, 16, 2), conv(16, 16),
+            nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))]
+
+
+def _all_plans(n):
+    for k in range(n):
+        for rest in itertools.combinations(range(1, n), k):
+            yield [0, *rest]
+
+
+def test_measured_peak_of_every_plan_lies_between_the_bounds():
+    layers, x = _shrinking_convnet(), torch.randn(4, 3, 16, 16)
+    prof = profile_layers(layers, x, repeats=1)
+    act, out = [p.act_bytes for p in prof], [p.out_bytes for p in prof]
+    work = widgets.backward_work_bytes(layers, x)
+    assert all(w > 0 for w in work)
+    gaps = []
+    for plan in _all_plans(len(layers)):
+        low, high = widgets.plan_peak_bounds(plan, act, out, work)
+        measured = widgets.measure_plan_peak(layers, x, plan)
+        assert low <= measured <= high, (plan, low, measured, high)
+        gaps.append(measured - low)
+    assert max(gaps) > 0            # the planner's model really leaves something out
+
+
+def test_backward_work_counts_the_gradients_of_a_linear():
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 32)
+    x = torch.randn(16, 8)
+    work = widgets.backward_work_bytes([lin], x)[0]
+    # the seed gradient (16 x 32), the input gradient (16 x 8), the weight and bias gradients
+    # computed into fresh tensors before being added to .grad
+    expected = (16 * 32 + 16 * 8 + 32 * 8 + 32) * 4
+    assert expected - 32 * 4 <= work <= expected
+
+
+def test_plan_peak_bounds_by_hand_and_bad_lengths():
+    act, out, work = [4, 2, 1], [2, 1, 1], [5, 3, 2]
+    # [0, 1, 2]: the model keeps the inputs of earlier segments only (the first one's is
+    # input_bytes = 0): peaks 4, 0 + 2, 2 + 1; the high bound adds each segment's own input
+    # and its largest working memory: 0 + 4 + 5, 0 + 2 + 2 + 3, 2 + 1 + 1 + 2
+    assert widgets.plan_peak_bounds([0, 1, 2], act, out, work) == (4, 9)
+    assert widgets.plan_peak_bounds([0, 1, 2], act, out, [1, 8, 1]) == (4, 12)
+    with pytest.raises(ValueError, match="one entry per layer"):
+        widgets.plan_peak_bounds([0], act, out, [1, 2])
+
+
+def _brute_force_min_recompute(act, out, budget):
+    best = None
+    for plan in _all_plans(len(act)):
+        ends = plan[1:] + [len(act)]
+        kept, peak = 0, 0
+        for a, b in zip(plan, ends):
+            peak = max(peak, kept + sum(act[a:b]))
+            kept += 0 if a == 0 else out[a - 1]
+        if peak <= budget:
+            best = plan[-1] if best is None else min(best, plan[-1])
+    return best
+
+
+def _brute_force_least_budget(act, out):
+    return min(max(sum(out[a - 1] for a in plan[:j] if a) + sum(act[a:b])
+                   for j, (a, b) in enumerate(zip(plan, plan[1:] + [len(act)])))
+               for plan in _all_plans(len(act)))
+
+
+def _bisect(n):
+    """(peak units, recomputed layers) of recursive bisection, written out independently."""
+    if n == 1:
+        return 1, 0
+    h = n // 2
+    (m1, r1), (m2, r2) = _bisect(h), _bisect(n - h)
+    return max(1 + m2, m1), r1 + r2 + h
+
+
+class _Count(nn.Module):
+    def __init__(self, calls):
+        super().__init__()
+        self.lin, self.calls = nn.Linear(4, 4), calls
+
+    def forward(self, x):
+        self.calls.append(1)
+        return torch.tanh(self.lin(x))
+
+
+def _forwards_by_running(n):
+    from ckpt_lab import checkpoint_recursive
+    calls = []
+    layers = [_Count(calls) for _ in range(n)]
+    checkpoint_recursive(layers, torch.randn(2, 4, requires_grad=True)).sum().backward()
+    return len(calls)
+
+
+def _rng_by_torch():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+    x = torch.randn(16, 8, requires_grad=True)
+    grads = []
+    for run in (lambda: m(x), lambda: torch.utils.checkpoint.checkpoint(
+            m, x, use_reentrant=False, preserve_rng_state=False)):
+        m.zero_grad()
+        torch.manual_seed(1)
+        run().sum().backward()
+        grads.append(m[0].weight.grad.clone())
+    return not torch.equal(*grads)
+
+
+A, O = exercises.SHRINKING_ACT, exercises.SHRINKING_OUT
+RIGHT_WRONG = {
+    "06.plan_recompute": (_brute_force_min_recompute(A, O, 14), len(A)),
+    "06.bisection_forwards": (_forwards_by_running(32), 32 + 16),
+    "06.bisection_peak": (_bisect(64)[0], 15),
+    "10.minimum_budget": (_brute_force_least_budget(A, O), sum(A)),
+    "10.rng_replay": (_rng_by_torch(), not _rng_by_torch()),
+}
+
+
+def test_lessons_6_and_10_exercises_are_all_covered():
+    assert set(RIGHT_WRONG) == set(exercises.keys(6)) | set(exercises.keys(10))
+
+
+@pytest.mark.parametrize("key", sorted(RIGHT_WRONG))
+def test_right_answer_passes_wrong_one_gets_a_hint(key, capsys):
+    right, wrong = RIGHT_WRONG[key]
+    assert exercises.check(key, right) is True
+    assert exercises.check(key, wrong) is False
+    assert exercises.check(key, None) is False
+    assert exercises.check(key, "nonsense") is False
+    out = capsys.readouterr().out
+    assert "✓" in out and "✗" in out and "not answered yet" in out
+
+
+def test_rng_replay_is_true_and_checkpoint_with_replay_is_exact():
+    assert exercises.rng_matters_for_dropout() is True
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+    x = torch.randn(16, 8, requires_grad=True)
+    grads = []
+    for run in (lambda: m(x), lambda: checkpoint(m, x)):
+        m.zero_grad()
+        torch.manual_seed(1)
+        run().sum().backward()
+        grads.append(m[0].weight.grad.clone())
+    assert torch.equal(*grads)
