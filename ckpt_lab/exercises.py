@@ -476,3 +476,130 @@ EXERCISES.update({e.key: e for e in [
     Exercise("10.rng_replay", "A model with Dropout, checkpointed with preserve_rng_state=False: "
              "do its gradients differ from a plain run's? (True or False)", _rng_replay),
 ]})
+
+
+# ------------------------------------------------------------------------------ lesson 7
+def _accumulation_peak(answer):
+    def peak(batch):
+        layers = formulas.gpt_layers(batch, 64, 4, 128, 4, 256, 4, True)
+        spans = [(0, len(layers), False)]
+        return formulas.chain_peak_bytes(layers, spans, batch * 64, 256, 4)
+    expected = peak(2)
+    return _close(answer, expected, 0.01,
+                  "Too few: accumulation runs micro-batches of 8 // 4 = 2 rows one after the "
+                  "other; the peak is that of one micro-batch of 2, not less.",
+                  f"Too many: only one micro-batch's activations are alive at a time; compute "
+                  f"formulas.chain_peak_bytes for batch 2 (the full batch of 8 peaks at "
+                  f"{peak(8):,} bytes).")
+
+
+def _offload_seconds(answer):
+    from .offload import PCIE4_X16_BYTES_PER_S, OffloadStats
+    moved = 6 * GIB
+    expected = OffloadStats(0, PCIE4_X16_BYTES_PER_S, bytes_offloaded=moved,
+                            bytes_restored=moved).transfer_seconds
+    return _close(answer, expected, 0.02,
+                  "Too short: the bytes cross PCIe twice, to the host in forward and back in "
+                  "backward; 6 GiB is 6 * 2**30 bytes.",
+                  "Too long: 25 GB/s is 25e9 bytes per second; count each direction once.")
+
+
+def accumulation_flops_ratio(micro_batches: int = 4) -> float:
+    """Measured: FLOPs of a step split into `micro_batches` over FLOPs of the whole batch."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from .models import GPTConfig, build_model
+    model = build_model(GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (8, 16), generator=g)
+    y = torch.randint(0, 256, (8, 16), generator=g)
+    counts = []
+    for k in (1, micro_batches):
+        with FlopCounterMode(display=False) as fc:
+            for xm, ym in zip(x.chunk(k), y.chunk(k)):
+                (model(xm, ym) / k).backward()
+        counts.append(fc.get_total_flops())
+    return counts[1] / counts[0]
+
+
+def _accumulation_flops(answer):
+    expected = accumulation_flops_ratio(4)
+    return _close(answer, expected, 0.01,
+                  "Too small: every row of the batch still goes through the whole forward and "
+                  "backward once.",
+                  "Too large: accumulation recomputes nothing; it runs the same rows in four "
+                  "smaller pieces.")
+
+
+# ------------------------------------------------------------------------------ lesson 8
+def _llama7b_state(answer):
+    from .capacity import TransformerConfig
+    cfg = TransformerConfig(32, 4096, 32, 4096, vocab=32000)
+    expected = formulas.model_state_bytes(cfg.num_params, "mixed", "adam") / GIB
+    return _close(answer, expected, 0.02,
+                  "Too few: mixed-precision Adam keeps 16 bytes per parameter; take "
+                  "num_params from capacity.TransformerConfig(32, 4096, 32, 4096, vocab=32000).",
+                  "Too many: divide bytes by 2**30 for GiB, and use the config's num_params "
+                  "(about 6.6e9 for this GPT-style count), not a rounded 7e9.")
+
+
+def _usable_gib(answer):
+    from .capacity import DEFAULT_HEADROOM, parse_bytes
+    expected = DEFAULT_HEADROOM * parse_bytes("80GB") / GIB
+    return _close(answer, expected, 0.01,
+                  "Too few: 80 GB is 80e9 bytes (a GB is 10**9); take 85% of it, then divide "
+                  "by 2**30.",
+                  "Too many: a GB is 10**9 bytes, a GiB 2**30: 80 GB is about 74.5 GiB before "
+                  "the 85% rule.")
+
+
+def fallback_rungs(order, fits_micro_batch: int = 2, batch_size: int = 8,
+                   max_every: int = 4) -> int:
+    """Rungs `run_with_fallback` tries when a step fits only at micro-batch <= fits_micro_batch."""
+    from .fallback import StepConfig, run_with_fallback
+
+    def step(config):
+        if config.micro_batch > fits_micro_batch:
+            raise torch.OutOfMemoryError(f"micro-batch {config.micro_batch} does not fit")
+        return config
+    import logging
+    logger = logging.getLogger("ckpt_lab.fallback")
+    level = logger.level
+    logger.setLevel(logging.ERROR)      # the ladder's warnings would drown the check's answer
+    try:
+        return len(run_with_fallback(step, StepConfig(0, 1, batch_size), order=order,
+                                     max_every=max_every).rungs)
+    finally:
+        logger.setLevel(level)
+
+
+def _fallback_rungs(answer):
+    expected = fallback_rungs(("densify", "accumulate", "shrink"))
+    value = _number(answer)
+    if value == expected:
+        return True, (f"{expected} rungs: densifying (off, every 4, 2, 1) cannot help a step "
+                      "that only fits at micro-batch 2, so all four fail before accumulation.")
+    return False, ("Walk the ladder: densify until every block is checkpointed (each fails), "
+                   "then double accumulation until micro-batch 2; count the configurations, "
+                   "the one that fits included.")
+
+
+EXERCISES.update({e.key: e for e in [
+    Exercise("07.accumulation_peak", "The gpt-cpu model (4 blocks, C=128, 4 heads, T=64, vocab "
+             "256, dropout on, fp32), batch 8, no checkpointing, micro_batches=4: by the "
+             "formula, how many bytes does the step peak at?", _accumulation_peak),
+    Exercise("07.offload_seconds", "A step offloads 6 GiB of activations to the host and brings "
+             "them back for backward: how many seconds of transfer at 25 GB/s (PCIe 4.0 x16)?",
+             _offload_seconds),
+    Exercise("07.accumulation_flops", "Splitting a step's batch into 4 micro-batches "
+             "(accumulation): FLOPs of the step with accumulation divided by FLOPs without?",
+             _accumulation_flops),
+    Exercise("08.llama7b_state_gib", "A 7B LLaMA-like config (32 layers, hidden 4096, 32 heads, "
+             "seq 4096, vocab 32000) trained with mixed-precision Adam: GiB of model state, "
+             "with the planner's parameter count?", _llama7b_state),
+    Exercise("08.usable_gib", "An '80 GB' GPU and the keep-peak-under-85% rule: how many GiB may "
+             "the planned peak use?", _usable_gib),
+    Exercise("08.fallback_rungs", "Article order (densify, accumulate, shrink), start with no "
+             "checkpointing, accumulation 1, batch 8, max_every=4; the step fits only at "
+             "micro-batch <= 2: how many configurations does run_with_fallback try?",
+             _fallback_rungs),
+]})
