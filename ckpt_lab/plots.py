@@ -97,3 +97,25 @@ def measured_vs_predicted(x, measured, predicted, xlabel: str, title: str, ax=No
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def budget_scatter(names, peak_bytes, cost, budget_bytes: int, fits=None, ax=None,
+                   xlabel="recompute (GFLOP, counted)",
+                   title="Which combination fits the budget, and at what cost"):
+    """One point per configuration: measured peak (MiB) against a cost; the budget as a line.
+
+    Points that fit are filled, the others hollow; ``fits`` defaults to peak <= budget.
+    """
+    if not len(names) == len(peak_bytes) == len(cost):
+        raise ValueError("names, peak_bytes and cost must have the same length")
+    fig, ax = _axes(ax, (8, 4))
+    fits = [p <= budget_bytes for p in peak_bytes] if fits is None else list(fits)
+    for i, (name, peak, c, ok) in enumerate(zip(names, peak_bytes, cost, fits)):
+        ax.scatter([c], [peak / MIB], s=40, color=f"C{i % 10}",
+                   facecolors=f"C{i % 10}" if ok else "none", label=name)
+    ax.axhline(budget_bytes / MIB, color="k", ls="--", lw=1, label="budget")
+    ax.set(title=title, xlabel=xlabel, ylabel="peak memory, measured (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
