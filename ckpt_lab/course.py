@@ -29,6 +29,11 @@ LESSONS = {
     "03_segments_and_sqrt_l": "Segments and sqrt(L)",
     "04_the_price": "The price: recompute FLOPs and step time",
     "05_transformers_selective": "Transformers and selective recomputation",
+    "06_optimal_schedules": "Optimal schedules: the planner, the Pareto front, recursion",
+    "07_combining_techniques": "Combining checkpointing, accumulation, mixed precision, offload",
+    "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
+    "09_checking_the_claims": "Checking the claims of the source articles",
+    "10_your_own_model": "Your own model: profile, plan, apply, verify",
 }
 
 MIB = 2 ** 20

@@ -474,7 +474,7 @@ EXERCISES.update({e.key: e for e in [
              "2, 2, 1, 1, 1, 1] units kept, outputs [2, 2, 2, 2, 1, ...]): what is the least "
              "budget, in units, that the planner accepts?", _minimum_budget),
     Exercise("10.rng_replay", "A model with Dropout, checkpointed with preserve_rng_state=False: "
-             "do its gradients differ from a plain run's? (True or False)", _rng_replay),
+             "do its gradients differ from a plain run's? Answer True or False.", _rng_replay),
 ]})
 
 
