@@ -1,0 +1,28 @@
+"""The README's library example runs as written, and its course map lists every lesson."""
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ckpt_lab import course
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_library_example_runs():
+    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    torch.manual_seed(0)
+    layers = [m for _ in range(8) for m in (nn.Linear(256, 256), nn.GELU())]
+    x = torch.randn(512, 256, requires_grad=True)
+    namespace = {"model_layers": layers, "x": x}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["plan"].boundaries[0] == 0
+    assert namespace["mem"].peak_bytes > 0
+
+
+def test_course_map_lists_every_lesson_with_a_measured_time():
+    rows = [l for l in README.splitlines() if l.startswith("| ") and ".ipynb" in l]
+    names = [re.search(r"\(notebooks/([\w]+)\.ipynb\)", r).group(1) for r in rows]
+    assert names == list(course.LESSONS)
+    assert all(re.search(r"\| \d+ s \|$", r) for r in rows)
