@@ -281,3 +281,20 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfi
     finally:
         tracker.detach()
     return out
+
+
+def backward_work_bytes(layers, x: torch.Tensor) -> list[int]:
+    """Per layer, the most bytes its backward holds beyond what its forward saved: the gradient
+    arriving at its output, the one it sends on, and any temporaries (measured, one layer at a
+    time; parameter gradients are allocated beforehand, so they are not counted)."""
+    out, h = [], x.detach()
+    for layer in list(layers):
+        for p in layer.parameters():
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+        y = layer(h.detach().requires_grad_(h.is_floating_point()))
+        with track_memory() as log:
+            y.backward(torch.ones_like(y))
+        out.append(log.peak_bytes)
+        h = y.detach()
+        del y
+    return out

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_lab import exercises, profile_layers, widgets
+from ckpt_lab import exercises, memory, planner, profile_layers, widgets
 from ckpt_lab.checkpoint import checkpoint
 
 
@@ -30,11 +30,11 @@ def test_measured_peak_of_every_plan_lies_between_the_bounds():
     layers, x = _shrinking_convnet(), torch.randn(4, 3, 16, 16)
     prof = profile_layers(layers, x, repeats=1)
     act, out = [p.act_bytes for p in prof], [p.out_bytes for p in prof]
-    work = widgets.backward_work_bytes(layers, x)
+    work = memory.backward_work_bytes(layers, x)
     assert all(w > 0 for w in work)
     gaps = []
     for plan in _all_plans(len(layers)):
-        low, high = widgets.plan_peak_bounds(plan, act, out, work)
+        low, high = planner.plan_peak_bounds(plan, act, out, work)
         measured = widgets.measure_plan_peak(layers, x, plan)
         assert low <= measured <= high, (plan, low, measured, high)
         gaps.append(measured - low)
@@ -45,7 +45,7 @@ def test_backward_work_counts_the_gradients_of_a_linear():
     torch.manual_seed(0)
     lin = nn.Linear(8, 32)
     x = torch.randn(16, 8)
-    work = widgets.backward_work_bytes([lin], x)[0]
+    work = memory.backward_work_bytes([lin], x)[0]
     # the seed gradient (16 x 32), the input gradient (16 x 8), the weight and bias gradients
     # computed into fresh tensors before being added to .grad
     expected = (16 * 32 + 16 * 8 + 32 * 8 + 32) * 4
@@ -57,10 +57,10 @@ def test_plan_peak_bounds_by_hand_and_bad_lengths():
     # [0, 1, 2]: the model keeps the inputs of earlier segments only (the first one's is
     # input_bytes = 0): peaks 4, 0 + 2, 2 + 1; the high bound adds each segment's own input
     # and its largest working memory: 0 + 4 + 5, 0 + 2 + 2 + 3, 2 + 1 + 1 + 2
-    assert widgets.plan_peak_bounds([0, 1, 2], act, out, work) == (4, 9)
-    assert widgets.plan_peak_bounds([0, 1, 2], act, out, [1, 8, 1]) == (4, 12)
+    assert planner.plan_peak_bounds([0, 1, 2], act, out, work) == (4, 9)
+    assert planner.plan_peak_bounds([0, 1, 2], act, out, [1, 8, 1]) == (4, 12)
     with pytest.raises(ValueError, match="one entry per layer"):
-        widgets.plan_peak_bounds([0], act, out, [1, 2])
+        planner.plan_peak_bounds([0], act, out, [1, 2])
 
 
 def _brute_force_min_recompute(act, out, budget):
