@@ -347,7 +347,8 @@ def layer_list(layers) -> list:
     return layers
 
 
-def _run_layers(layers):
+def run_in_order(layers):
+    """A function that applies ``layers`` one after another: what a segment runs."""
     def run(x):
         for layer in layers:
             x = layer(x)
@@ -367,7 +368,7 @@ def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks
     starts = segment_starts(len(layers), segments, boundaries)
     ends = starts[1:] + [len(layers)]
     for k, (a, b) in enumerate(zip(starts, ends)):
-        run = _run_layers(layers[a:b])
+        run = run_in_order(layers[a:b])
         last = k == len(starts) - 1
         x = run(x) if last else checkpoint(run, x, impl=impl, policy=policy,
                                            preserve_rng_state=preserve_rng_state)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from .checkpoint import IMPLS, checkpoint, segment_starts
+from .checkpoint import IMPLS, checkpoint, run_in_order, segment_starts
 from .memory import current_phase
 
 POLICY_IMPLS = IMPLS + ("torch",)
@@ -116,14 +116,6 @@ class CheckpointPolicy:
 
 
 # ------------------------------------------------------------------- applying it to a chain
-def _run(layers):
-    def run(x):
-        for layer in layers:
-            x = layer(x)
-        return x
-    return run
-
-
 def _checkpointed(fn, *args, impl: str):
     """Call fn(*args) under the chosen checkpoint implementation."""
     if impl == "torch":
@@ -192,9 +184,9 @@ class CheckpointedChain(nn.Module):
                 # gets a gradient. Token ids never do, so the first layer runs outside.
                 x, a = layers[a](x), a + 1
             if ckpt and a < b and torch.is_grad_enabled():
-                x = _checkpointed(_run(layers[a:b]), x, impl=self.policy.impl)
+                x = _checkpointed(run_in_order(layers[a:b]), x, impl=self.policy.impl)
             else:
-                x = _run(layers[a:b])(x)
+                x = run_in_order(layers[a:b])(x)
         return x
 
     def forward(self, x, targets=None):
