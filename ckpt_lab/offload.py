@@ -2,21 +2,36 @@
 
 Checkpointing trades memory for compute; offload trades it for PCIe traffic. Autograd hands
 every tensor it keeps for backward to a *pack* hook and asks for it back through an *unpack*
-hook (``torch.autograd.graph.saved_tensors_hooks``). Here pack copies a CUDA activation into
-pinned host memory on a side stream and drops the device copy; unpack copies it back.
+hook (``torch.autograd.graph.saved_tensors_hooks``). Here pack copies the *storage* of a CUDA
+activation into pinned host memory on a side stream and drops the device copy; unpack copies
+it back.
 
-* The side stream first waits for the stream that produced the tensor, and the device tensor
-  is marked as used by the side stream (``record_stream``) so the allocator does not hand its
-  memory out before the copy has read it. Unpack makes the compute stream wait for the copy's
-  event before copying back, so nothing reads a half-written buffer.
-* Only tensors that holding on host frees on the device are moved: leaves (parameters, the
-  input batch) and views of them (``weight.t()`` saved by ``nn.Linear``) stay, because their
-  owner keeps them alive anyway; so do tensors under ``min_bytes`` (not worth a transfer).
-  A tensor saved twice (ReLU's output, kept by the ReLU and by the next Linear) moves once.
+* What moves: memory the forward owns. While the block runs, a small ``TorchDispatchMode``
+  notes (weakly) every storage an operation creates. A saved tensor moves when its storage was
+  created inside the block, unless it is a leaf that requires grad or a view of one. So
+  parameters and their views (``weight.t()`` saved by ``nn.Linear``) and whatever existed
+  before the block (the input batch, anything computed before the ``with``) stay where they are:
+  their owner keeps that memory alive anyway, so a copy would free nothing. Everything the
+  forward makes moves: activations, dropout masks, LayerNorm's mean and 1/std, the causal
+  ``~mask``, positions. Storages under ``min_bytes`` stay too (not worth a transfer).
+  Noting births is the cheap way to know what predates the block: listing the storages alive
+  at entry would mean walking every live object, while the mode costs one Python call per
+  operation, only inside the block, and holds nothing alive.
+* One storage, one copy: autograd often saves a storage under several views (ReLU's output,
+  kept by the ReLU and by the next Linear; a softmax output, kept by the softmax and, reshaped,
+  by the matmul with V). Each storage is copied and counted once, and unpack rebuilds every
+  view from the restored copy with its own size, stride and storage offset. In backward a
+  storage comes back once per autograd node that reads it: the views one node unpacks share
+  one restored copy, held here only weakly, so it is freed with that node's tensors.
+* CUDA: the side stream first waits for the stream that produced the tensor, and the device
+  storage is marked as used by the side stream (``record_stream``) so the allocator does not
+  hand its memory out before the copy has read it. Unpack makes the compute stream wait for
+  the copy's event before copying back, so nothing reads a half-written buffer.
 * On a machine without a GPU there is nowhere to move a CPU tensor to. Then the hooks run in
-  *accounting mode*: they count every tensor exactly as they would move it and hand it back
-  unchanged, so ``OffloadStats`` says what a GPU run of the same model would transfer and how
-  long that takes at ``bandwidth_bytes_per_s``, while ``copied_bytes`` stays 0.
+  *accounting mode*: they count every storage exactly as they would move it (once per storage
+  out, once per reading node back) and hand each tensor back unchanged, so ``OffloadStats``
+  says what a GPU run of the same model would transfer and how long that takes at
+  ``bandwidth_bytes_per_s``, while ``copied_bytes`` stays 0.
 """
 from __future__ import annotations
 
@@ -25,6 +40,9 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .memory import _aliases, _tensors
 
 # What pinned host<->device copies reach on PCIe 4.0 x16 in practice (peak is ~31.5 GB/s).
 PCIE4_X16_BYTES_PER_S = 25_000_000_000
@@ -32,7 +50,11 @@ PCIE4_X16_BYTES_PER_S = 25_000_000_000
 
 @dataclass
 class OffloadStats:
-    """What one ``offload_activations`` block moved (or, on CPU, would move)."""
+    """What one ``offload_activations`` block moved (or, on CPU, would move).
+
+    ``tensors`` saved tensors were parked, in ``storages`` distinct storages of
+    ``bytes_offloaded`` bytes in all; ``kept`` saved tensors stayed in place.
+    """
 
     min_bytes: int
     bandwidth_bytes_per_s: float
@@ -40,12 +62,13 @@ class OffloadStats:
     bytes_restored: int = 0
     tensors: int = 0
     kept: int = 0
+    storages: int = 0
     copied_bytes: int = 0
     copy_events: list = field(default_factory=list, repr=False)
 
     @property
     def transfer_seconds(self) -> float:
-        """Time both directions would take at ``bandwidth_bytes_per_s`` (an estimate, not a clock)."""
+        """Time both directions take at ``bandwidth_bytes_per_s`` (an estimate, not a clock)."""
         return (self.bytes_offloaded + self.bytes_restored) / self.bandwidth_bytes_per_s
 
     def copy_seconds(self) -> float | None:
@@ -57,59 +80,119 @@ class OffloadStats:
         return sum(start.elapsed_time(end) for start, end in self.copy_events) / 1000
 
 
-class _OnHost:
-    """A saved activation parked off the device: the host copy and where it came from."""
+class _Parked:
+    """One storage parked off the device: its host copy (None in accounting mode) and who last
+    read it back."""
 
-    __slots__ = ("tensor", "device", "event", "nbytes", "__weakref__")
+    __slots__ = ("nbytes", "host", "device", "event", "restored", "reader", "__weakref__")
 
-    def __init__(self, tensor, device, event, nbytes):
-        self.tensor, self.device, self.event, self.nbytes = tensor, device, event, nbytes
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    def __init__(self, nbytes, host=None, device=None, event=None):
+        self.nbytes, self.host, self.device, self.event = nbytes, host, device, event
+        self.restored = None   # weakref to the restored device storage while a view uses it
+        self.reader = None     # (backward pass, node) that last read it, in accounting mode
 
 
-def _owned_elsewhere(t: torch.Tensor) -> bool:
-    """A leaf or a view of one: its owner keeps the memory alive whatever we do."""
+class _Saved:
+    """What pack returns for one moved tensor: its storage's parking place and its geometry."""
+
+    __slots__ = ("parked", "tensor", "dtype", "size", "stride", "offset")
+
+    def __init__(self, parked: _Parked, t: torch.Tensor, keep: bool):
+        self.parked, self.tensor = parked, (t if keep else None)
+        self.dtype, self.size, self.stride, self.offset = \
+            t.dtype, tuple(t.size()), t.stride(), t.storage_offset()
+
+
+class _Births(TorchDispatchMode):
+    """Notes, weakly, every storage an operation creates while the block runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not _aliases(func):
+            inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
+            for t in _tensors(out):
+                st = t.untyped_storage()
+                if id(st) not in inputs:
+                    self.storages[id(st)] = weakref.ref(st, self._forget(id(st)))
+        return out
+
+    def _forget(self, key: int):
+        def forget(ref):
+            if self.storages.get(key) is ref:
+                del self.storages[key]
+        return forget
+
+    def created(self, st: torch.UntypedStorage) -> bool:
+        """Whether an operation inside the block created this storage."""
+        ref = self.storages.get(id(st))
+        return ref is not None and ref() is st
+
+
+def _grad_leaf_or_view(t: torch.Tensor) -> bool:
+    """A leaf that requires grad (a parameter) or a view of one: its owner keeps the memory."""
     base = t._base if t._base is not None else t
-    return base.is_leaf
+    return base.is_leaf and base.requires_grad
+
+
+def _reader():
+    """The backward pass and autograd node now unpacking, or None outside backward."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    return torch._C._current_graph_task_id(), node._sequence_nr(), id(node)
+
+
+def _view(storage: torch.UntypedStorage, saved: _Saved) -> torch.Tensor:
+    """The saved tensor rebuilt on a restored storage: as_strided with its size, stride, offset."""
+    return torch.empty(0, dtype=saved.dtype, device=storage.device).set_(
+        storage, saved.offset, saved.size, saved.stride)
 
 
 class _Mover:
-    """Copies CUDA tensors to pinned host memory on a side stream per device, and back."""
+    """Copies CUDA storages to pinned host memory on a side stream per device, and back."""
 
     def __init__(self, events: list):
         self.streams: dict[torch.device, torch.cuda.Stream] = {}
         self.events = events
+
+    def moves(self, t: torch.Tensor) -> bool:
+        """Whether this tensor's storage is really copied (else it is only counted)."""
+        return t.is_cuda
 
     def _timed(self):
         pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self.events.append(pair)
         return pair
 
-    def to_host(self, t: torch.Tensor):
-        stream = self.streams.get(t.device)
+    def to_host(self, st: torch.UntypedStorage, device: torch.device):
+        """Start copying a device storage into pinned memory; the host bytes and a done event."""
+        stream = self.streams.get(device)
         if stream is None:
-            stream = self.streams[t.device] = torch.cuda.Stream(device=t.device)
-        host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
-        stream.wait_stream(torch.cuda.current_stream(t.device))
+            stream = self.streams[device] = torch.cuda.Stream(device=device)
+        src = torch.empty(0, dtype=torch.uint8, device=device).set_(st)
+        host = torch.empty(st.nbytes(), dtype=torch.uint8, pin_memory=True)
+        stream.wait_stream(torch.cuda.current_stream(device))
         start, end = self._timed()
         with torch.cuda.stream(stream):
             start.record(stream)
-            host.copy_(t, non_blocking=True)
+            host.copy_(src, non_blocking=True)
             end.record(stream)
-        t.record_stream(stream)
+        src.record_stream(stream)
         return host, end
 
-    def to_device(self, parked: _OnHost) -> torch.Tensor:
+    def to_device(self, parked: _Parked) -> torch.UntypedStorage:
+        """A fresh device storage holding the parked bytes, ordered after the copy out."""
         compute = torch.cuda.current_stream(parked.device)
         compute.wait_event(parked.event)
         start, end = self._timed()
         start.record(compute)
-        out = parked.tensor.to(parked.device, non_blocking=True)
+        flat = parked.host.to(parked.device, non_blocking=True)
         end.record(compute)
-        return out
+        return flat.untyped_storage()
 
 
 @contextlib.contextmanager
@@ -117,12 +200,13 @@ def offload_activations(min_bytes: int = 0,
                         bandwidth_bytes_per_s: float = PCIE4_X16_BYTES_PER_S):
     """Keep activations saved inside the block in host memory: ``with offload_activations() as s:``.
 
-    Tensors of at least ``min_bytes`` are moved; ``s`` counts bytes both ways, estimates the
-    transfer time at ``bandwidth_bytes_per_s`` and, on CUDA, measures it (``s.copy_seconds()``).
-    CPU tensors are only counted (see the module docstring). Backward may run after the block.
+    Storages of at least ``min_bytes`` that the block's forward created are moved, each once;
+    ``s`` counts bytes both ways, estimates the transfer time at ``bandwidth_bytes_per_s`` and,
+    on CUDA, measures it (``s.copy_seconds()``). CPU tensors are only counted (see the module
+    docstring). Backward may run after the block.
     """
     if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
-        raise ValueError(f"min_bytes must be an int >= 0 (smaller saved tensors stay where "
+        raise ValueError(f"min_bytes must be an int >= 0 (smaller saved storages stay where "
                          f"they are), got {min_bytes!r}")
     if isinstance(bandwidth_bytes_per_s, bool) or \
             not isinstance(bandwidth_bytes_per_s, (int, float)) or \
@@ -132,37 +216,54 @@ def offload_activations(min_bytes: int = 0,
                          f"{bandwidth_bytes_per_s!r}")
     stats = OffloadStats(min_bytes, bandwidth_bytes_per_s)
     mover = _Mover(stats.copy_events)
-    # Weak both ways: backward frees each parked copy as soon as autograd lets go of it.
+    births = _Births()
+    # By storage, weak both ways: backward frees each parked copy as soon as autograd lets go.
     parked: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 
     def pack(t: torch.Tensor):
-        nbytes = _nbytes(t)
-        if nbytes < min_bytes or _owned_elsewhere(t):
+        if t.layout != torch.strided or t.device.type == "meta":
             stats.kept += 1
             return t
-        seen = parked.get(id(t))
-        entry = seen[1]() if seen is not None and seen[0]() is t else None
-        if entry is not None:
-            return entry
-        if t.is_cuda:
-            host, event = mover.to_host(t)
-            stats.copied_bytes += nbytes
-            entry = _OnHost(host, t.device, event, nbytes)
-        else:
-            entry = _OnHost(t, None, None, nbytes)
-        parked[id(t)] = (weakref.ref(t), weakref.ref(entry))
+        st = t.untyped_storage()
+        if _grad_leaf_or_view(t) or not births.created(st) or st.nbytes() < min_bytes:
+            stats.kept += 1
+            return t
+        seen = parked.get(id(st))
+        entry = seen[1]() if seen is not None and seen[0]() is st else None
+        copies = mover.moves(t)
+        if entry is None:
+            if copies:
+                host, event = mover.to_host(st, t.device)
+                stats.copied_bytes += st.nbytes()
+                entry = _Parked(st.nbytes(), host, t.device, event)
+            else:
+                entry = _Parked(st.nbytes())
+            parked[id(st)] = (weakref.ref(st), weakref.ref(entry))
+            stats.storages += 1
+            stats.bytes_offloaded += st.nbytes()
         stats.tensors += 1
-        stats.bytes_offloaded += nbytes
-        return entry
+        return _Saved(entry, t, keep=not copies)
 
-    def unpack(entry):
-        if isinstance(entry, torch.Tensor):
-            return entry
-        stats.bytes_restored += entry.nbytes
-        return entry.tensor if entry.device is None else mover.to_device(entry)
+    def unpack(saved):
+        if isinstance(saved, torch.Tensor):
+            return saved
+        entry = saved.parked
+        if entry.host is None:   # accounting mode: a GPU would restore once per reading node
+            reader = _reader()
+            if reader is None or reader != entry.reader:
+                entry.reader = reader
+                stats.bytes_restored += entry.nbytes
+            return saved.tensor
+        storage = entry.restored() if entry.restored is not None else None
+        if storage is None:
+            storage = mover.to_device(entry)
+            entry.restored = weakref.ref(storage)
+            stats.bytes_restored += entry.nbytes
+        return _view(storage, saved)
 
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), births:
             yield stats
     finally:
         parked.clear()
+        births.storages.clear()

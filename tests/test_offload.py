@@ -1,9 +1,15 @@
-"""Activation offload: exact gradients, byte counts checked by hand and by an independent hook."""
+"""Activation offload: exact gradients, byte counts checked by hand and by an independent hook,
+and the GPU's copy path run on CPU (storages copied to separate buffers and back)."""
+import contextlib
+import weakref
+
 import pytest
 import torch
 from torch import nn
 
-from ckpt_lab import OffloadStats, checkpoint_sequential, offload_activations, track_memory
+from ckpt_lab import OffloadStats, checkpoint_sequential, offload, offload_activations, \
+    track_memory
+from ckpt_lab.course import dropout_mask_bytes
 from ckpt_lab.offload import PCIE4_X16_BYTES_PER_S
 
 BATCH, WIDTH, HIDDEN = 8, 16, 64
@@ -36,41 +42,155 @@ def same(a, b):
     return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
 
 
+class HostCopies(offload._Mover):
+    """The copy path on CPU: each storage really goes to a separate buffer and comes back as a
+    fresh storage (what CUDA does, minus streams and pinned memory). Remembers every restore."""
+
+    def __init__(self, events):
+        super().__init__(events)
+        self.restored = []
+
+    def moves(self, t):
+        return True
+
+    def to_host(self, st, device):
+        return torch.empty(0, dtype=torch.uint8).set_(st).clone(), None
+
+    def to_device(self, parked):
+        st = parked.host.clone().untyped_storage()
+        self.restored.append(weakref.ref(st))
+        return st
+
+
+@contextlib.contextmanager
+def host_copies():
+    """Inside this block offload_activations copies CPU storages; yields the movers it makes."""
+    made, original = [], offload._Mover
+    offload._Mover = lambda events: made.append(HostCopies(events)) or made[-1]
+    try:
+        yield made
+    finally:
+        offload._Mover = original
+
+
+def recording(into: dict, name: str):
+    """A wrap for `grads` that offloads and files the stats under `name`."""
+    @contextlib.contextmanager
+    def wrap():
+        with offload_activations() as stats:
+            into[name] = stats
+            yield
+    return wrap
+
+
 def test_counts_by_hand_on_a_two_layer_mlp():
-    # Saved for backward: x and W1.t() (the caller's and the module's: kept), ReLU's output
-    # (saved by the ReLU and by the second Linear: moved once), W2.t() (kept), tanh's output
-    # (saved by the tanh and by the loss's pow: moved once).
+    # Saved for backward: x and W1.t() (a leaf that requires grad and a view of one: kept),
+    # ReLU's output (saved by the ReLU and by the second Linear: one storage, moved once),
+    # W2.t() (kept), tanh's output (saved by the tanh and by the loss's pow: moved once).
     m, x = mlp(), inputs()
     with offload_activations() as stats:
         loss = m(x).pow(2).sum()
     relu_out, tanh_out = BATCH * HIDDEN * F32, BATCH * WIDTH * F32
-    assert (stats.tensors, stats.kept) == (2, 3)
+    assert (stats.tensors, stats.storages, stats.kept) == (4, 2, 3)
     assert stats.bytes_offloaded == relu_out + tanh_out
     assert stats.bytes_restored == 0
     loss.backward()  # after the block: the saved tensors still come back through it
-    # Each moved tensor comes back once per reader: twice.
+    # Each moved storage comes back once per node that reads it: twice.
     assert stats.bytes_restored == 2 * (relu_out + tanh_out)
     assert stats.transfer_seconds == 3 * (relu_out + tanh_out) / PCIE4_X16_BYTES_PER_S
     assert stats.copied_bytes == 0 and stats.copy_seconds() is None  # CPU: accounting mode
 
 
-def test_min_bytes_leaves_small_tensors_in_place():
+def test_min_bytes_leaves_small_storages_in_place():
     m, x = mlp(), inputs()
     with offload_activations(min_bytes=BATCH * HIDDEN * F32, bandwidth_bytes_per_s=1e9) as s:
         m(x).sum().backward()
-    assert (s.tensors, s.kept, s.bytes_offloaded) == (1, 4, BATCH * HIDDEN * F32)
+    assert (s.tensors, s.storages, s.kept, s.bytes_offloaded) == (2, 1, 4, BATCH * HIDDEN * F32)
     assert s.transfer_seconds == 3 * BATCH * HIDDEN * F32 / 1e9
 
 
-def test_bytes_equal_distinct_saved_activations_seen_by_an_independent_hook():
+def test_dropout_masks_and_layernorm_statistics_move():
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
-    x = torch.randn(2, 10, 32, requires_grad=True)
-    seen = {}
+    lin, ln, drop = nn.Linear(WIDTH, HIDDEN), nn.LayerNorm(HIDDEN), nn.Dropout(0.5)
+    x = torch.randn(BATCH, WIDTH)
+    with offload_activations() as stats:
+        drop(ln(lin(x))).sum()
+    # Moved: the LayerNorm's input, its mean and 1/std (one number per row each) and the
+    # dropout mask. Kept: x (made before the block) and the LayerNorm's weight and bias.
+    expected = BATCH * HIDDEN * F32 + 2 * BATCH * F32 + BATCH * HIDDEN * dropout_mask_bytes()
+    assert (stats.storages, stats.kept, stats.bytes_offloaded) == (4, 3, expected)
+
+
+def test_parameters_their_views_and_grad_leaves_stay():
+    w = nn.Parameter(torch.randn(WIDTH, HIDDEN))
+    with offload_activations() as stats:
+        h = torch.randn(BATCH, WIDTH)                          # made inside, no grad: moves
+        leaf = torch.randn(BATCH, HIDDEN, requires_grad=True)  # made inside, but a grad leaf
+        loss = (((h @ w) * leaf) @ w.t()).sum() + (h @ w).sum()
+    # The first mm saves h (moved); mul saves leaf (kept) and h @ w (moved); the next mm
+    # saves the product (moved) and the view w.t() (kept); the last mm h again (no new bytes).
+    assert (stats.tensors, stats.storages, stats.kept) == (4, 3, 2)
+    assert stats.bytes_offloaded == BATCH * WIDTH * F32 + 2 * BATCH * HIDDEN * F32
+    loss.backward()
+    assert stats.bytes_restored == 2 * BATCH * WIDTH * F32 + 2 * BATCH * HIDDEN * F32
+
+
+def test_tensors_made_before_the_block_stay_the_same_made_inside_move():
+    torch.manual_seed(0)
+    emb, lin = nn.Embedding(32, WIDTH), nn.Linear(WIDTH, WIDTH)
+    idx, x = torch.randint(0, 32, (BATCH,)), torch.randn(BATCH, WIDTH)
+    with offload_activations() as before:
+        emb(idx).sum()
+        lin(x).sum()
+    assert (before.tensors, before.kept) == (0, 2)       # the token ids and x: kept
+    with offload_activations() as inside:
+        emb(idx.clone()).sum()
+        lin(x.clone()).sum()
+    assert (inside.tensors, inside.kept) == (2, 0)
+    assert inside.bytes_offloaded == BATCH * 8 + BATCH * WIDTH * F32   # int64 ids, fp32 x
+
+
+def views_step(wrap):
+    """One storage (y) saved under four views and read by three nodes; gradients."""
+    a = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    z = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    with wrap():
+        y = (a * 2).exp()                                 # exp saves y
+        q, k = y.chunk(2, dim=1)
+        loss = (y.t() @ z).sum() + (q * k).sum()          # mm saves y.t() and z; mul q and k
+    loss.backward()
+    return [a.grad, z.grad]
+
+
+def test_one_storage_under_four_views_moves_once_and_returns_once_per_node():
+    y_bytes = BATCH * HIDDEN * F32
+    plain = views_step(contextlib.nullcontext)
+    stats = {}
+    assert same(plain, views_step(recording(stats, "accounting")))
+    with host_copies() as movers:
+        assert same(plain, views_step(recording(stats, "copies")))   # views rebuilt exactly
+    for s in stats.values():
+        assert (s.tensors, s.storages, s.kept) == (4, 1, 1)
+        assert s.bytes_offloaded == y_bytes
+        assert s.bytes_restored == 3 * y_bytes   # by exp, mm and mul; q and k share a copy
+    assert stats["copies"].copied_bytes == y_bytes and stats["accounting"].copied_bytes == 0
+    restored = movers[0].restored
+    assert len(restored) == 3 and all(r() is None for r in restored)   # none outlives its node
+
+
+def test_bytes_equal_distinct_storages_made_inside_seen_by_an_independent_hook():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+    x = torch.randn(2, 10, 32)
+    before = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    before.add(x.untyped_storage().data_ptr())
+    saved, moved = [], {}
 
     def record(t):
-        if t.grad_fn is not None and (t._base is None or not t._base.is_leaf):
-            seen[id(t)] = (t, t.numel() * t.element_size())
+        saved.append(t)
+        st = t.untyped_storage()
+        if st.data_ptr() not in before:
+            moved[st.data_ptr()] = st.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(record, lambda t: t):
@@ -78,9 +198,26 @@ def test_bytes_equal_distinct_saved_activations_seen_by_an_independent_hook():
     for min_bytes in (0, 1024):
         with offload_activations(min_bytes=min_bytes) as stats:
             layer(x)
-        expected = [n for _, n in seen.values() if n >= min_bytes]
-        assert stats.tensors == len(expected) > 0
+        expected = [n for n in moved.values() if n >= min_bytes]
+        assert stats.storages == len(expected) > 0
         assert stats.bytes_offloaded == sum(expected)
+        assert stats.tensors + stats.kept == len(saved)
+
+
+def test_accounting_mode_counts_what_the_copy_path_moves():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+    x = torch.randn(2, 10, 32)
+    stats = {}
+    plain = grads(layer, x, torch.enable_grad)
+    counted = grads(layer, x, recording(stats, "accounting"))
+    with host_copies():
+        copied = grads(layer, x, recording(stats, "copies"))
+    assert same(plain, counted) and same(plain, copied)
+    a, c = stats["accounting"], stats["copies"]
+    assert (a.tensors, a.storages, a.kept, a.bytes_offloaded, a.bytes_restored) == \
+        (c.tensors, c.storages, c.kept, c.bytes_offloaded, c.bytes_restored)
+    assert a.copied_bytes == 0 and c.copied_bytes == c.bytes_offloaded > 0
 
 
 def test_gradients_bitwise_equal_with_dropout_and_checkpoints():
@@ -89,9 +226,11 @@ def test_gradients_bitwise_equal_with_dropout_and_checkpoints():
     chain = nn.Sequential(*[mlp(seed=i, p=0.3) for i in range(4)])
     ref = grads(chain, x, torch.enable_grad)
     # Offload around checkpoints: only the kept segment inputs are saved, and they move.
-    ours = grads(chain, x, offload_activations,
-                 run=lambda x: checkpoint_sequential(chain, x, segments=4))
-    assert same(ref, ours)
+    run = lambda x: checkpoint_sequential(chain, x, segments=4)  # noqa: E731
+    assert same(ref, grads(chain, x, offload_activations, run=run))
+    with host_copies():
+        assert same(ref, grads(chain, x, offload_activations, run=run))
+        assert same(ref, grads(chain, x, offload_activations))
 
 
 def test_cpu_accounting_mode_changes_no_memory():
