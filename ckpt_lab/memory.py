@@ -107,15 +107,8 @@ class _Tracker(TorchDispatchMode):
 
     def _record(self, func, args, kwargs, out):
         log = self.log
-        new = []
-        if not _aliases(func):
-            seen_inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
-            for t in _tensors(out):
-                st = t.untyped_storage()
-                key = id(st)
-                if key in seen_inputs or key in self._refs or st.nbytes() == 0:
-                    continue
-                new.append((key, st))
+        new = [(id(st), st) for st in new_storages(func, args, kwargs, out)
+               if id(st) not in self._refs and st.nbytes() > 0]
         with self._lock:
             for key, st in new:
                 nbytes, dev = st.nbytes(), str(st.device)
@@ -171,6 +164,19 @@ def _tensors(tree):
     elif isinstance(tree, dict):
         for item in tree.values():
             yield from _tensors(item)
+
+
+def new_storages(func, args, kwargs, out) -> list:
+    """The storages an op's outputs occupy that none of its inputs did: what the op allocated."""
+    if _aliases(func):
+        return []
+    inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
+    fresh = {}
+    for t in _tensors(out):
+        st = t.untyped_storage()
+        if id(st) not in inputs:
+            fresh[id(st)] = st
+    return list(fresh.values())
 
 
 def _cuda_ready() -> bool:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .memory import _aliases, _tensors
+from .memory import new_storages
 
 # What pinned host<->device copies reach on PCIe 4.0 x16 in practice (peak is ~31.5 GB/s).
 PCIE4_X16_BYTES_PER_S = 25_000_000_000
@@ -112,12 +112,8 @@ class _Births(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not _aliases(func):
-            inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
-            for t in _tensors(out):
-                st = t.untyped_storage()
-                if id(st) not in inputs:
-                    self.storages[id(st)] = weakref.ref(st, self._forget(id(st)))
+        for st in new_storages(func, args, kwargs, out):
+            self.storages[id(st)] = weakref.ref(st, self._forget(id(st)))
         return out
 
     def _forget(self, key: int):
