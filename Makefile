@@ -14,8 +14,11 @@ $(READY): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(READY)
 
+# Jupyter refuses to run as root unless told; containers (Docker, some clouds) often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(READY)
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
 test: $(READY)
 	$(BIN)/python -m pytest
