@@ -13,6 +13,7 @@ from .memory import MemoryLog
 MIB = 2 ** 20
 PHASE_COLORS = {"forward": "tab:blue", "recompute": "tab:orange", "backward": "tab:green",
                 "optimizer": "tab:purple"}
+RUN_COLORS = ("black", "tab:gray", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")  # not phases
 
 
 def _axes(ax, figsize=(7, 3.5)):
@@ -25,10 +26,11 @@ def _axes(ax, figsize=(7, 3.5)):
 def timeline(logs: dict[str, MemoryLog], ax=None, title="Live memory during one training step"):
     """Live MiB after each operation, one line per run, points coloured by phase."""
     fig, ax = _axes(ax, (8, 3.5))
-    for name, log in logs.items():
+    for k, (name, log) in enumerate(logs.items()):
         steps = [p.step for p in log.timeline]
         live = [p.live_bytes / MIB for p in log.timeline]
-        (line,) = ax.plot(steps, live, lw=1.2, label=f"{name} (peak {log.peak_bytes / MIB:.1f} MiB)")
+        ax.plot(steps, live, lw=1.2, color=RUN_COLORS[k % len(RUN_COLORS)],
+                label=f"{name} (peak {log.peak_bytes / MIB:.1f} MiB)")
         for phase, color in PHASE_COLORS.items():
             pts = [(p.step, p.live_bytes / MIB) for p in log.timeline if p.phase == phase]
             if pts and phase != "forward":
@@ -85,11 +87,16 @@ def stacked(breakdowns: dict[str, dict[str, int]], predicted: dict[str, int] | N
 
 
 def measured_vs_predicted(x, measured, predicted, xlabel: str, title: str, ax=None,
-                          ylabel="MiB", scale=MIB, marker_x=None, label_predicted="predicted"):
-    """Measured as points, predicted as a line; y divided by ``scale`` (MiB by default)."""
+                          ylabel="MiB", scale=MIB, marker_x=None, label_predicted="predicted",
+                          label_measured="measured", color=None):
+    """Measured as points, predicted as a line; y divided by ``scale`` (MiB by default).
+
+    Drawing several series into one ``ax``: give each its own ``color`` and labels.
+    """
     fig, ax = _axes(ax)
-    ax.plot(x, [p / scale for p in predicted], "-", color="C1", label=label_predicted)
-    ax.plot(x, [m / scale for m in measured], "o", color="C0", label="measured")
+    line, points = (color, color) if color is not None else ("C1", "C0")
+    ax.plot(x, [p / scale for p in predicted], "-", color=line, label=label_predicted)
+    ax.plot(x, [m / scale for m in measured], "o", color=points, label=label_measured)
     if marker_x is not None:
         ax.axvline(marker_x, color="gray", ls=":", label=f"{xlabel} = {marker_x}")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
