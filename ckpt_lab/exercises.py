@@ -423,8 +423,9 @@ def _bisection_peak(answer):
 
 EXERCISES.update({e.key: e for e in [
     Exercise("06.plan_recompute", "A chain of 12 layers keeping [4, 4, 4, 4, 2, 2, 2, 2, 1, 1, "
-             "1, 1] units with outputs [2, 2, 2, 2, 1, ...] units, each costing 1 to run: under "
-             "a budget of 14 units, how many layer forwards does the cheapest plan recompute?",
+             "1, 1] units with outputs [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1] units, each costing 1 "
+             "to run: under a budget of 14 units, how many layer forwards does the cheapest plan "
+             "recompute?",
              _plan_recompute),
     Exercise("06.bisection_forwards", "checkpoint_recursive on 32 identical layers: how many "
              "layer forwards does one step run in all (forward plus recompute)?",
@@ -471,8 +472,8 @@ def _rng_replay(answer):
 
 EXERCISES.update({e.key: e for e in [
     Exercise("10.minimum_budget", "The chain of exercise 06.plan_recompute ([4, 4, 4, 4, 2, 2, "
-             "2, 2, 1, 1, 1, 1] units kept, outputs [2, 2, 2, 2, 1, ...]): what is the least "
-             "budget, in units, that the planner accepts?", _minimum_budget),
+             "2, 2, 1, 1, 1, 1] units kept, outputs [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]): what is "
+             "the least budget, in units, that the planner accepts?", _minimum_budget),
     Exercise("10.rng_replay", "A model with Dropout, checkpointed with preserve_rng_state=False: "
              "do its gradients differ from a plain run's? Answer True or False.", _rng_replay),
 ]})
