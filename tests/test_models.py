@@ -11,13 +11,7 @@ from ckpt_lab.models import (GPT, PRESETS, CheckpointPolicy, GPTConfig, MLPChain
                              ResNet, ResNetConfig, build_model, get_config)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy 2-core box spin and stall."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def text_batch(cfg, batch=3, seed=0):

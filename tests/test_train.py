@@ -7,13 +7,7 @@ from ckpt_lab.models import CheckpointPolicy, build_model, get_config
 from ckpt_lab.train import (StepRecord, load_run_state, make_optimizer, save_run_state, train)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy 2-core box spin and stall."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 TOKENS = split_corpus(load_corpus())[0]
