@@ -65,6 +65,7 @@ Where ckpt_lab behaves differently from ``torch.utils.checkpoint``, on purpose:
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
 import inspect
 import sys
@@ -179,7 +180,18 @@ def _modules_of(fn, leaves) -> list[nn.Module]:
                     continue
                 if isinstance(v, (nn.Module, list, tuple)):
                     todo.append(v)
+            for name in _global_names(f.__code__):
+                v = f.__globals__.get(name)
+                if isinstance(v, nn.Module):
+                    todo.append(v)
     return list({id(m): m for m in found}.values())
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """Names a function reads as globals (a notebook's model, a test's layer)."""
+    return tuple({i.argval for i in dis.get_instructions(code)
+                  if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")})
 
 
 # ------------------------------------------------------------------------ RNG and autocast
@@ -187,10 +199,12 @@ def _cuda_devices(tensors, preserve: bool) -> list[int]:
     """CUDA devices whose generators to replay; refuses devices whose generator is not."""
     devices = set()
     for t in tensors:
+        if t.is_cpu:
+            continue
         kind = t.device.type
         if kind == "cuda":
             devices.add(t.get_device())
-        elif kind not in ("cpu", "meta") and preserve:
+        elif kind != "meta" and preserve:
             raise CheckpointError(
                 f"a tensor of the checkpointed function is on device '{kind}', whose random "
                 "generator ckpt_lab does not replay (only CPU and CUDA ones): a dropout there "
@@ -264,11 +278,10 @@ class _Versions:
     modules: list[nn.Module]
 
     @staticmethod
-    def capture(leaves, modules) -> "_Versions":
-        params = {id(p): p for m in modules for p in m.parameters()}
+    def capture(leaves, params, modules) -> "_Versions":
         return _Versions([(name, weakref.ref(t), t._version) for name, t in leaves
                           if isinstance(t, torch.Tensor)],
-                         [(p, p._version) for p in params.values()], modules)
+                         [(p, p._version) for p in params], modules)
 
     def check(self):
         """Refuse if an argument or a parameter was modified in place since the forward."""
@@ -365,7 +378,16 @@ class _Reentrant(torch.autograd.Function):
         pairs = [(o, g) for o, g in zip(outs, grads)
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            try:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            except RuntimeError as e:
+                if "modified by an inplace operation" not in str(e):
+                    raise
+                raise CheckpointError(
+                    "impl='reentrant': inside the checkpointed function a tensor saved for "
+                    "backward was modified in place after it was saved (autograd's message "
+                    "below names it). Make that in-place operation out-of-place (y = y * 3, "
+                    "not y.mul_(3)) or clone the tensor before modifying it.") from e
         in_grads = [a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None
                     for a in args]
         return (None, None, None, *in_grads)
@@ -545,10 +567,10 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
         return fn(*args, **kwargs)
     leaves = _leaves(args, kwargs)
     modules = _modules_of(fn, leaves)
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())
     tensors = [t for _, t in leaves if isinstance(t, torch.Tensor)]
-    tensors += [p for m in modules for p in m.parameters()]
-    replay = _Replay.capture(tensors, preserve_rng_state)
-    versions = _Versions.capture(leaves, modules)
+    replay = _Replay.capture(tensors + params, preserve_rng_state)
+    versions = _Versions.capture(leaves, params, modules)
     fn = fn if selective is None else selective
     if impl == "hooks":
         return _checkpoint_hooks(fn, args, kwargs, replay, versions, early_stop)
