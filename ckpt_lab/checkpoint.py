@@ -210,7 +210,10 @@ class _Frame:
         self.autocast = _capture_autocast()
         self.versions = _version_refs(args)
         dummy = torch.empty(0, requires_grad=True)
-        self.saver = _SaveInputs.apply(dummy, *tensors).grad_fn
+        # Keep the (empty) output: it owns the autograd node, and some PyTorch versions (2.11)
+        # free a custom Function's saved tensors once its node has no owner left.
+        self.saver_out = _SaveInputs.apply(dummy, *tensors)
+        self.saver = self.saver_out.grad_fn
         self.holders: list[weakref.ref] = []
         self.metas: list[tuple] = []
 

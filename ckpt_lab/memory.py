@@ -208,11 +208,12 @@ def track_memory(limit_bytes: int | None = None):
             yield log
     finally:
         log.seconds = time.perf_counter() - start
-        _active().remove(log)
-        tracker.detach()
         if cuda:
             torch.cuda.synchronize()
             _note_cuda_max()
+        _active().remove(log)
+        tracker.detach()
+        if cuda:
             log.cuda_peak_bytes = max(getattr(log, "_cuda_max", 0), 0) - cuda_start
             if log.cuda_peak_bytes < 0:
                 log.cuda_peak_bytes = 0
