@@ -149,8 +149,15 @@ def test_train_benchmark_runs_quick_and_meets_the_flop_expectation(tmp_path):
     from benchmarks.bench_train import main
     result = main(out_path=tmp_path / "train.json", quick=True)
     rows = result["policies"]
-    assert (tmp_path / "train.json").exists() and set(rows) == {"none", "every", "every:2",
-                                                                 "selective"}
+    assert (tmp_path / "train.json").exists() and set(rows) == {
+        "none", "every", "every:2", "selective", "selective (torch SAC)", "save_matmuls",
+        "save_matmuls (torch SAC)"}
+    # PyTorch's selective checkpointing, told to save the same ops, keeps the same bytes
+    for name in ("selective", "save_matmuls"):
+        assert rows[f"{name} (torch SAC)"]["peak_bytes"] == rows[name]["peak_bytes"]
+        assert rows[f"{name} (torch SAC)"]["step_flops"] == rows[name]["step_flops"]
+    assert rows["save_matmuls"]["step_flops"] == rows["none"]["step_flops"]
+    assert all(r["op_seconds"] > 0 for r in rows.values())
     # full recomputation: one more forward of the blocks (not of embedding and head)
     assert 1.2 < rows["every"]["flop_ratio"] <= 4 / 3
     assert rows["every:2"]["step_flops"] == rows["every"]["step_flops"]
