@@ -182,6 +182,8 @@ def main(out_path: Path | None = None, quick: bool = False, threads: int | None 
     for name, model in models.items():
         for _ in range(2):
             _fwd_bwd(model, x, y)
+        if x.is_cuda:
+            torch.cuda.reset_peak_memory_stats()   # so the allocator's peak is the step's
         with track_memory() as mem:
             _fwd_bwd(model, x, y)
         forward, total = _flops(model, x, y)
