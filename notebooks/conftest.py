@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 BUDGET_SECONDS = float(os.environ.get("CKPT_LAB_NB_BUDGET_SECONDS", 150.0))
-BUDGET_BYTES = int(float(os.environ.get("CKPT_LAB_NB_BUDGET_MIB", 1536)) * 2 ** 20)
+BUDGET_BYTES = int(float(os.environ.get("CKPT_LAB_NB_BUDGET_MIB", 1024)) * 2 ** 20)
 OUT = Path(os.environ.get("CKPT_LAB_NB_BUDGET_JSON", Path(__file__).resolve().parent.parent
                           / "artifacts" / "notebook_budgets.json"))
 _runs: dict[str, dict] = {}
