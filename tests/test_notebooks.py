@@ -123,17 +123,22 @@ def test_tour_links_every_lesson():
             assert f"({name}.ipynb)" in tour
 
 
-def test_budget_hook_fails_a_notebook_over_budget(tmp_path):
+def test_budget_hook_fails_a_notebook_over_budget_and_saves_the_run(tmp_path):
     """Run one tiny notebook under nbval with a zero-second budget: the hook must fail it and
-    still write its measurements."""
+    still write its measurements, and save the notebook as executed, widget state included
+    (what the site is built from)."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("x = [0] * 1000"), nbformat.v4.new_code_cell("print(len(x))")]
+    nb.cells = [nbformat.v4.new_code_cell("x = [0] * 1000"), nbformat.v4.new_code_cell("print(len(x))"),
+                nbformat.v4.new_markdown_cell("text"),
+                nbformat.v4.new_code_cell("import ipywidgets\ns = ipywidgets.IntSlider(value=3)\ns"),
+                nbformat.v4.new_code_cell("s.value = 7")]
     target = NB_DIR / "zz_budget_probe.ipynb"   # beside the conftest that holds the hook
     out = tmp_path / "budgets.json"
     nbformat.write(nb, target)
     try:
-        env = dict(os.environ, CKPT_LAB_NB_BUDGET_SECONDS="0", CKPT_LAB_NB_BUDGET_JSON=str(out))
+        env = dict(os.environ, CKPT_LAB_NB_BUDGET_SECONDS="0", CKPT_LAB_NB_BUDGET_JSON=str(out),
+                   CKPT_LAB_EXECUTED_DIR=str(tmp_path / "executed"))
         proc = subprocess.run([sys.executable, "-m", "pytest", str(target), "-p", "no:cacheprovider",
                                "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     finally:
@@ -142,3 +147,12 @@ def test_budget_hook_fails_a_notebook_over_budget(tmp_path):
     assert "over its budget" in proc.stdout
     record = json.loads(out.read_text())["zz_budget_probe.ipynb"]
     assert record["seconds"] > 0 and record["peak_rss_mib"] > 10
+
+    ran = _read(tmp_path / "executed" / "zz_budget_probe.ipynb")
+    code = [c for c in ran.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == [1, 2, 3, 4]
+    assert code[1].outputs[0].text == "1000\n" and ran.cells[2].source == "text"
+    view = code[2].outputs[0].data["application/vnd.jupyter.widget-view+json"]
+    state = ran.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    assert state[view["model_id"]]["state"]["value"] == 7      # the state after the last cell
+    assert not list(NB_DIR.glob("zz_budget_probe*")) and not (NB_DIR / "executed").exists()
