@@ -46,7 +46,7 @@ def build_corpus(root: str | os.PathLike | None = None, max_bytes: int = SAMPLE_
     """
     if max_bytes < 1 or per_file_bytes < 1:
         raise ValueError("max_bytes and per_file_bytes must be positive")
-    parts, total = [], 0
+    parts, total, too_big = [], 0, 0
     for path in stdlib_sources(root):
         text = path.read_bytes()
         if not text.isascii():
@@ -58,9 +58,13 @@ def build_corpus(root: str | os.PathLike | None = None, max_bytes: int = SAMPLE_
         if not part.endswith(b"\n"):
             part += b"\n"
         if total + len(part) > max_bytes:
+            too_big = len(part)
             break
         parts.append(part)
         total += len(part)
+    if not parts and too_big:
+        raise ValueError(f"the first excerpt ({too_big:,} bytes) is larger than "
+                         f"max_bytes={max_bytes:,}; raise max_bytes")
     if not parts:
         raise ValueError(f"no ASCII *.py files found under {root}; pass the stdlib directory")
     return b"".join(parts)

@@ -50,6 +50,8 @@ def test_build_corpus_is_sorted_cut_at_lines_and_deterministic(tmp_path):
     assert build_corpus(root, max_bytes=40) == b"# ---- file: a.py ----\nx = 1\ny = 2\n"
     with pytest.raises(ValueError, match="not a directory"):
         build_corpus(tmp_path / "missing")
+    with pytest.raises(ValueError, match="larger than max_bytes=10; raise max_bytes"):
+        build_corpus(root, max_bytes=10)
 
 
 def test_command_line_rebuild_writes_the_file(tmp_path, capsys):

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -65,6 +66,10 @@ def test_outputs_stripped_and_kernelspec(path):
             assert cell.outputs == [] and cell.execution_count is None
 
 
+PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+COLAB_SHIPS = ("torch", "ipywidgets", "numpy", "matplotlib")
+
+
 @pytest.mark.parametrize("path", ALL, ids=_name)
 def test_first_code_cell_installs_only_when_missing(path):
     first = _code(_read(path))[0]
@@ -72,7 +77,28 @@ def test_first_code_cell_installs_only_when_missing(path):
     pip_lines = [line for line in first.splitlines() if "pip install" in line]
     assert pip_lines and all(line.startswith("    ") for line in pip_lines)   # inside except
     assert any("--no-deps" in line and course.REPO_SLUG in line for line in pip_lines)
-    assert not any(re.search(r"\btorch\b", line) for line in pip_lines)
+    # nothing Colab ships is installed, upgraded or pinned
+    assert all("--no-deps" in line for line in pip_lines)
+    assert not any(re.search(rf"\b{name}\b", line) for line in pip_lines for name in COLAB_SHIPS)
+    assert "course.setup()" in first                          # prints the device it will use
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_install_cell_pins_this_release(path):
+    """The tag a notebook installs is the package's version, so a release bump cannot forget it."""
+    first = _code(_read(path))[0]
+    tags = re.findall(r"git\+https://github\.com/([\w.-]+/[\w.-]+)@v([\w.]+)\"", first)
+    assert tags == [(course.REPO_SLUG, PYPROJECT_VERSION)], tags
+    assert course.install_spec() in first
+    import ckpt_lab
+    assert ckpt_lab.__version__ == PYPROJECT_VERSION
+
+
+@pytest.mark.parametrize("path", COURSE, ids=_name)
+def test_opening_says_how_to_get_a_gpu_on_colab(path):
+    opening = _read(path).cells[0].source
+    assert "Runtime > Change runtime type" in opening and "GPU" in opening
+    assert course.GPU_HINT.startswith("on Colab, Runtime > Change runtime type")
 
 
 def _calls(source: str, prefix: str):
