@@ -22,6 +22,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from IPython.core.displayhook import DisplayHook
 
 BUDGET_SECONDS = float(os.environ.get("CKPT_LAB_NB_BUDGET_SECONDS", 150.0))
 BUDGET_BYTES = int(float(os.environ.get("CKPT_LAB_NB_BUDGET_MIB", 1024)) * 2 ** 20)
@@ -103,7 +104,12 @@ def _record_outputs(name: str, item):
         _executed[name] = copy.deepcopy(item.parent.nb)
     index = next(i for i, c in enumerate(item.parent.nb.cells) if c is item.cell)
     cell = _executed[name].cells[index]
-    cell.outputs = [nbformat.from_dict(dict(o)) for o in (item.test_outputs or [])]
+    outputs = [nbformat.from_dict(dict(o)) for o in (item.test_outputs or [])]
+    # nbval runs cells without storing history, so IPython cannot see a final `;` and shows
+    # the value anyway; drop it as Jupyter would.
+    if DisplayHook.semicolon_at_end_of_expression(cell.source):
+        outputs = [o for o in outputs if o.output_type != "execute_result"]
+    cell.outputs = outputs
     cell.execution_count = item.cell_num + 1
 
 

@@ -158,7 +158,8 @@ def test_budget_hook_fails_a_notebook_over_budget_and_saves_the_run(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell("x = [0] * 1000"), nbformat.v4.new_code_cell("print(len(x))"),
                 nbformat.v4.new_markdown_cell("text"),
                 nbformat.v4.new_code_cell("import ipywidgets\ns = ipywidgets.IntSlider(value=3)\ns"),
-                nbformat.v4.new_code_cell("s.value = 7")]
+                nbformat.v4.new_code_cell("s.value = 7"),
+                nbformat.v4.new_code_cell("len(x);  # a final semicolon hides the value")]
     target = NB_DIR / "zz_budget_probe.ipynb"   # beside the conftest that holds the hook
     out = tmp_path / "budgets.json"
     nbformat.write(nb, target)
@@ -176,7 +177,8 @@ def test_budget_hook_fails_a_notebook_over_budget_and_saves_the_run(tmp_path):
 
     ran = _read(tmp_path / "executed" / "zz_budget_probe.ipynb")
     code = [c for c in ran.cells if c.cell_type == "code"]
-    assert [c.execution_count for c in code] == [1, 2, 3, 4]
+    assert [c.execution_count for c in code] == [1, 2, 3, 4, 5]
+    assert code[4].outputs == []                                 # as Jupyter shows it
     assert code[1].outputs[0].text == "1000\n" and ran.cells[2].source == "text"
     view = code[2].outputs[0].data["application/vnd.jupyter.widget-view+json"]
     state = ran.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]

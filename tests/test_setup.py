@@ -1,5 +1,9 @@
 """The set-up files agree with each other, by version and not only by name, and with the README."""
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -139,3 +143,29 @@ def test_readme_shows_the_two_commands_first_and_ci_calls_the_test_one():
 def test_cli_usage_names_the_program_it_was_started_as(argv0, prog, capsys):
     assert cli.program_name(argv0) == prog
     assert cli.build_parser(cli.program_name(argv0)).format_usage().startswith(f"usage: {prog} ")
+
+
+def _make_dry_run(tmp_path, path_dirs=(), **variables):
+    """The commands `make .venv/.ready` would run (nothing is run), with a chosen PATH."""
+    env = dict(os.environ, PATH=os.pathsep.join([*map(str, path_dirs), "/usr/bin", "/bin"]))
+    args = ["make", "-n", "-B", "-C", str(ROOT), ".venv/.ready",
+            *(f"{k}={v}" for k, v in variables.items())]
+    return subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None or sys.platform == "darwin",
+                    reason="needs make on Linux")
+def test_make_picks_the_cpu_torch_index_without_an_nvidia_gpu(tmp_path):
+    cpu = "https://download.pytorch.org/whl/cpu"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    # the recipe asks the index only when it is not empty: `[ -n "INDEX" ] && ...`
+    assert f'[ -n "{cpu}" ]' in _make_dry_run(tmp_path)                # no nvidia-smi here
+    assert '[ -n "" ]' in _make_dry_run(tmp_path, [fake])              # a GPU: default index
+    assert '[ -n "" ]' in _make_dry_run(tmp_path, TORCH_INDEX="")
+    own = "https://download.pytorch.org/whl/cu128"
+    assert f'[ -n "{own}" ]' in _make_dry_run(tmp_path, [fake], TORCH_INDEX=own)
+    # a torch wheel pip already has locally wins: the index is only asked when that fails
+    assert "--dry-run --no-index --no-deps" in _make_dry_run(tmp_path)
