@@ -1,8 +1,12 @@
-"""Command line: `python -m ckpt_lab plan --layers 48 --hidden 4096 ... --device-memory 80GB`,
-or `python -m ckpt_lab plan --arch llama2-70b --micro-batch 1 --device-memory 141GB`."""
+"""Command line: `ckpt-lab plan --layers 48 --hidden 4096 ... --device-memory 80GB`, or
+`ckpt-lab plan --arch llama2-70b --micro-batch 1 --device-memory 141GB`.
+
+The same tool runs as `python -m ckpt_lab`; usage lines name whichever way it was started.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .capacity import (ARCHITECTURES, DEFAULT_HEADROOM, TransformerConfig, parse_bytes,
@@ -12,9 +16,16 @@ from .formulas import ATTENTIONS, MLPS, OPTIMIZERS, PRECISIONS, STYLES
 SHAPE = ("layers", "hidden", "heads", "seq")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def program_name(argv0: str | None = None) -> str:
+    """How the user started us: `ckpt-lab` (the installed script) or `python -m ckpt_lab`."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    name = os.path.basename(argv0)
+    return "python -m ckpt_lab" if name in ("__main__.py", "-m", "") else name
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The argument parser with its `plan` subcommand."""
-    parser = argparse.ArgumentParser(prog="python -m ckpt_lab",
+    parser = argparse.ArgumentParser(prog=prog or program_name(),
                                      description="ckpt-lab tools")
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="memory of each checkpointing strategy on a device")
