@@ -432,8 +432,11 @@ class _Frame:
         values = list(args) + list(kwargs.values())
         self.slots = [None if isinstance(v, torch.Tensor) else v for v in values]
         dummy = torch.empty(0, requires_grad=True)
-        self.saver = _SaveInputs.apply(
-            dummy, *[v for v in values if isinstance(v, torch.Tensor)]).grad_fn
+        # Keep the (empty) output: it owns the autograd node, and some PyTorch versions (2.11)
+        # free a custom Function's saved tensors once its node has no owner left.
+        self.saver_out = _SaveInputs.apply(
+            dummy, *[v for v in values if isinstance(v, torch.Tensor)])
+        self.saver = self.saver_out.grad_fn
         # per saved tensor: holder, shape, dtype, device, version probe, version when saved
         self.saved: list[list] = []
         self.running = True                       # the forward has not returned yet

@@ -1,6 +1,6 @@
 """Exercises of the lessons and the functions that check a learner's answer.
 
-``check("03.optimal_segments", answer)`` prints ✓ when the answer is right, a hint when it is
+``check("03.peak_at_six", answer)`` prints ✓ when the answer is right, a hint when it is
 not, "not answered yet" for ``None``, and returns a bool; it never raises on a wrong answer,
 so a notebook left unanswered still runs top to bottom. ``question(key)`` gives the text.
 
@@ -194,13 +194,41 @@ def _rng_layers(answer):
 
 
 # ------------------------------------------------------------------------------ lesson 3
-def _optimal_segments(answer):
-    expected = formulas.optimal_segment_count(16, 1, 1)
+def chain_peak_units(layers: int, segments: int, width: int = 64, tokens: int = 512) -> float:
+    """Measured: the step peak of `layers` MLP blocks in `segments`, in units of one block's
+    activations, less the backward's fixed extra (the gradient in flight and one weight
+    gradient, measured as the plain run's peak minus its `layers` kept units)."""
+    from .memory import track_memory
+    from .checkpoint import checkpoint_sequential
+    from .models import MLPBlock
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[MLPBlock(width) for _ in range(layers)])
+    x = torch.randn(tokens, width, requires_grad=True)
+    unit = x.numel() * x.element_size()
+    for p in blocks.parameters():
+        p.grad = torch.zeros_like(p)
+    peaks = []
+    for k in (1, segments):
+        with track_memory() as log:
+            checkpoint_sequential(blocks, x, segments=k).sum().backward()
+        peaks.append(log.peak_bytes)
+    extra = peaks[0] - layers * unit
+    return (peaks[1] - extra) / unit
+
+
+def _peak_at_six(answer):
+    expected = chain_peak_units(16, 6)
+    five = chain_peak_units(16, 5)
     value = _number(answer)
-    if value == expected:
-        return True, f"{expected} segments: peak (S - 1) + 16 / S layers is least there."
-    return False, ("Write the peak as (S - 1) kept inputs + 16 / S layers of the last segment "
-                   "and try S = 2, 3, 4, 5, 8 (the last segment takes the remainder).")
+    if math.isclose(value, expected, rel_tol=0.02):
+        return True, (f"measured {expected:.1f} units at 6 segments, more than {five:.1f} at 5: "
+                      "16 // 6 = 2 layers per segment leaves the last one 6 layers.")
+    if value < expected:
+        return False, ("Too few: checkpoint_sequential makes segments of 16 // 6 = 2 layers "
+                       "and the last takes the remainder, 16 - 5 x 2 layers; add the 5 kept "
+                       "inputs of the earlier segments.")
+    return False, ("Too many: only the last segment is alive in full (16 - 5 x 2 layers), "
+                   "plus one kept input for each of the 5 earlier segments.")
 
 
 def _peak_in_layers(answer):
@@ -216,30 +244,103 @@ def _sqrt_growth(answer):
         s = formulas.optimal_segment_count(n, 1, 1)
         return formulas.uniform_peak_bytes(n, s, 1, 1)
     expected = best(64) / best(16)
-    return _close(answer, expected, 0.05,
-                  "Too small: the optimal peak is about 2 sqrt(L) layers, so compute "
-                  "best(64) / best(16) with best(L) = min over S of (S - 1) + L / S.",
+    return _close(answer, expected, 0.02,
+                  "Too small: 2 sqrt(64) / 2 sqrt(16) = 2 is the continuous estimate; count "
+                  "exactly, best(L) = min over whole S of (S - 1) + (layers in the last "
+                  "segment): at S = sqrt(L) that is 2 sqrt(L) - 1, not 2 sqrt(L).",
                   "Too large: 4x more layers without checkpoints is 4x the memory, but with "
-                  "the best segmentation the peak grows like sqrt(L).")
+                  "the best segmentation the peak grows like sqrt(L): (2 sqrt(64) - 1) / "
+                  "(2 sqrt(16) - 1).")
 
 
 # ------------------------------------------------------------------------------ lesson 4
-def _full_recompute_ratio(answer):
-    expected = (formulas.dense_training_flops(10 ** 6, 10 ** 3, 1.0)
-                / formulas.dense_training_flops(10 ** 6, 10 ** 3, 0.0))
-    return _close(answer, expected, 0.01,
-                  "Too small: recomputation adds one whole forward (2NT) to a step of "
-                  "forward 2NT + backward 4NT.",
-                  "Too large: backward costs twice the forward, so one extra forward is a "
-                  "third of a step, not a half.")
+CANDIDATE_MODULES = {
+    "Linear": lambda: nn.Linear(16, 16), "ReLU": nn.ReLU, "GELU": nn.GELU,
+    "Dropout": lambda: nn.Dropout(0.5),
+    "Linear->ReLU": lambda: nn.Sequential(nn.Linear(16, 16), nn.ReLU()),
+    "ReLU->Linear": lambda: nn.Sequential(nn.ReLU(), nn.Linear(16, 16)),
+    "Linear->ReLU->Linear": lambda: nn.Sequential(nn.Linear(16, 16), nn.ReLU(),
+                                                  nn.Linear(16, 16)),
+}
 
 
-def _recomputed_layers(answer):
-    expected = formulas.recompute_layers(formulas.uniform_boundaries(12, 4), 12)
-    return _close(answer, expected, 1e-9,
-                  "Too few: every segment but the last is re-run in backward; 3 segments of "
-                  "12 // 4 layers.",
-                  "Too many: the last segment is not checkpointed, so it is not re-run.")
+def checkpoint_saving_bytes() -> dict[str, int]:
+    """Measured: bytes `checkpoint` saves after the forward of each candidate, x of (64, 16)."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 16, requires_grad=True)
+    out = {}
+    for name, make in CANDIDATE_MODULES.items():
+        m = make()
+        out[name] = kept_after_forward(m, x) - kept_after_forward(lambda t: checkpoint(m, t), x)
+    return out
+
+
+def _no_saving_modules(answer):
+    if isinstance(answer, str):
+        answer = {answer}
+    try:
+        given = {str(a) for a in answer}
+    except TypeError:
+        return False, "Give a set of names, e.g. {'Linear', 'ReLU'}."
+    unknown = given - set(CANDIDATE_MODULES)
+    if unknown:
+        return False, f"Unknown names {sorted(unknown)}; choose from {sorted(CANDIDATE_MODULES)}."
+    saving = checkpoint_saving_bytes()
+    expected = {n for n, b in saving.items() if b <= 0}
+    if given == expected:
+        return True, (f"{sorted(given)}: each keeps only a tensor that is alive anyway (its "
+                      "input, which the checkpoint keeps, or its output). Measured savings: "
+                      + ", ".join(f"{n} {b} B" for n, b in saving.items()))
+    wrong = sorted(given - expected)
+    if wrong:
+        return False, (f"{wrong} keep something besides their input and output (a ReLU output "
+                       "inside, a dropout mask): checkpointing drops it. Measure each with "
+                       "kept_after_forward(m, x) against kept_after_forward(lambda t: "
+                       "checkpoint(m, t), x).")
+    return False, ("Something that saves nothing is missing: a module whose only saved tensor "
+                   "is its input (kept by the checkpoint anyway) or its own output.")
+
+
+def _mlp_for_policy():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+
+
+def policy_cost(policy) -> dict[str, int]:
+    """Measured for the (Linear 16->64, GELU, Linear 64->16) MLP on x of (64, 16): bytes kept
+    after the forward and FLOPs of a step, plain, fully checkpointed and with ``policy``."""
+    from torch.utils.flop_counter import FlopCounterMode
+    mlp = _mlp_for_policy()
+    x = torch.randn(64, 16, requires_grad=True)
+    runs = {"plain": lambda t: mlp(t), "full": lambda t: checkpoint(mlp, t),
+            "policy": lambda t: checkpoint(mlp, t, policy=policy)}
+    out = {}
+    for name, run in runs.items():
+        out[f"{name}_bytes"] = kept_after_forward(run, x)
+        with FlopCounterMode(display=False) as counter:
+            run(x).sum().backward()
+        out[f"{name}_flops"] = counter.get_total_flops()
+    return out
+
+
+def _selective_policy(answer):
+    if not callable(answer):
+        return False, ("Pass your policy itself: a function policy(op, *args, **kwargs) -> bool, "
+                       "True to keep the op's output.")
+    try:
+        c = policy_cost(answer)
+    except Exception as e:  # the learner's code: report, do not raise
+        return False, f"Your policy raised {type(e).__name__}: {e}"
+    summary = (f"kept {c['policy_bytes']:,} B (plain {c['plain_bytes']:,}, full checkpoint "
+               f"{c['full_bytes']:,}); step FLOPs {c['policy_flops']:,} (plain "
+               f"{c['plain_flops']:,})")
+    if c["policy_flops"] > c["plain_flops"]:
+        return False, (f"A matmul is re-run: {summary}. Return True for the matmul ops "
+                       "(op.overloadpacket in ckpt_lab.selective.MATMUL_OPS: aten.addmm, aten.mm).")
+    if c["policy_bytes"] >= c["plain_bytes"]:
+        return False, (f"Nothing is dropped: {summary}. Return False for the GELU so its "
+                       "output is recomputed.")
+    return True, f"{summary}: the GELU output is dropped and no matmul is re-run."
 
 
 # ------------------------------------------------------------------------------ lesson 5
@@ -287,17 +388,21 @@ EXERCISES = {e.key: e for e in [
              _branch_saving),
     Exercise("02.rng_layers", "Which of Linear, ReLU, Dropout, BatchNorm1d need the RNG state "
              "restored for the recompute? Give a set of names.", _rng_layers),
-    Exercise("03.optimal_segments", "16 identical layers, a kept input as large as one layer's "
-             "activations: which segment count gives checkpoint_sequential the least peak?",
-             _optimal_segments),
+    Exercise("03.peak_at_six", "The chain of 16 MLP blocks with checkpoint_sequential(segments=6): "
+             "predict its peak in units of one block's activations, counting the kept inputs "
+             "and the last segment's layers (leave out the backward's a + w); the check "
+             "measures it.", _peak_at_six),
     Exercise("03.peak_in_layers", "36 identical layers in 6 uniform segments: the peak, in "
              "units of one layer's activations (a kept input is one unit)?", _peak_in_layers),
     Exercise("03.sqrt_growth", "With the best segment count each time, by what factor does the "
              "peak grow from 16 to 64 layers?", _sqrt_growth),
-    Exercise("04.full_recompute_ratio", "Dense model, forward 2NT FLOPs, backward 4NT: FLOPs of "
-             "a step with full recomputation divided by FLOPs without?", _full_recompute_ratio),
-    Exercise("04.recomputed_layers", "checkpoint_sequential on 12 layers with segments=4: how "
-             "many layer forwards does backward re-run?", _recomputed_layers),
+    Exercise("04.no_saving_modules", "Of Linear, ReLU, GELU, Dropout, Linear->ReLU, "
+             "ReLU->Linear and Linear->ReLU->Linear (width 16): for which does checkpoint(m, x) "
+             "keep no fewer bytes after the forward than m(x)? Give a set of names.",
+             _no_saving_modules),
+    Exercise("04.selective_policy", "Pass a policy(op, *args, **kwargs) -> bool for "
+             "checkpoint(mlp, x, policy=...) on Linear(16, 64) -> GELU -> Linear(64, 16): it "
+             "must keep fewer bytes than a plain run and re-run no matmul.", _selective_policy),
     Exercise("05.megatron_gib", "GPT-3 (s=2048, b=1, h=12288, a=96), 16-bit: GiB of "
              "activations per layer by Megatron's sbh(34 + 5as/h)?", _megatron_gib),
     Exercise("05.crossover_seq", "GPT-2 small (h=768, a=12): at what sequence length does the "
