@@ -22,11 +22,12 @@ def same(a, b):
 
 
 # ------------------------------------------------------------------------------- versions
-def sigmoid_then_edit(x):
+def sigmoid_then_edit(x, edit=True):
     y = torch.sigmoid(x)
     z = y * x
-    y.mul_(3)          # y was saved by sigmoid and by the multiply
-    return z
+    if edit:
+        y.mul_(3)      # y was saved by sigmoid and by the multiply
+    return z * x       # saves z: a recompute must run past the edit
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -39,11 +40,13 @@ def test_saved_tensor_modified_in_place_inside_the_function_is_refused(impl):
         y.backward()
 
 
-def test_torch_returns_a_gradient_where_plain_autograd_refuses():
-    """Why the check exists: the oracle itself is silently wrong here."""
+def test_torch_returns_a_wrong_gradient_where_plain_autograd_refuses():
+    """Why the check exists: the oracle itself is silently wrong here (z was computed before
+    the edit, so the right gradient is that of the function without it)."""
     x = torch.randn(5, requires_grad=True)
+    right = torch.autograd.grad(sigmoid_then_edit(x, edit=False).sum(), x)[0]
     tuc.checkpoint(sigmoid_then_edit, x, use_reentrant=False).sum().backward()
-    assert x.grad is not None
+    assert not torch.allclose(x.grad, right)
 
 
 def small_model():
