@@ -18,7 +18,8 @@ real checkpoint must guard against, each a silent wrong gradient otherwise, is l
 * RNG: the generators of the CPU and of every CUDA device found in the arguments (nested in
   lists, tuples and dicts too) and in the parameters of an ``nn.Module`` function are replayed,
   so a dropout draws the same mask twice, and so is any ``torch.Generator`` passed as an
-  argument; a device whose generator is not replayed is refused.
+  argument; a device whose generator is not replayed is refused (meta tensors, which hold
+  no values, are exempt).
 * autocast: the recompute runs under the autocast settings of the forward.
 * versions: plain autograd refuses a saved tensor modified in place ("modified by an inplace
   operation"); a checkpoint saves no tensor for autograd to check, so it checks by itself:
