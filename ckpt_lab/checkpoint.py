@@ -23,9 +23,12 @@ real checkpoint must guard against, each a silent wrong gradient otherwise, is l
 * autocast: the recompute runs under the autocast settings of the forward.
 * versions: plain autograd refuses a saved tensor modified in place ("modified by an inplace
   operation"); a checkpoint saves no tensor for autograd to check, so it checks by itself:
-  its tensor arguments (positional, keyword, nested), the parameters of a module function, and
-  (hooks) every tensor the function saved, through a storage-less alias that shares the
-  tensor's version counter (``_probe``).
+  its tensor arguments (positional, keyword, nested), the parameters of the modules the
+  function uses (the function itself, its ``self``, its closure, a ``partial``'s arguments, the
+  globals it reads), and (hooks) every tensor the function saved, through a storage-less alias
+  that shares the tensor's version counter (``_probe``). Not seen: a captured tensor that is
+  no parameter and that no operation saves (with the reentrant design: any captured tensor
+  that is no parameter); keep what the function reads unchanged until backward.
 * metadata: every recomputed saved tensor (or output) must have the forward's shape, dtype and
   device; a function that branches on global state is refused instead of mis-differentiated.
 * early stop (hooks): the recompute stops as soon as it has produced the last tensor backward
@@ -49,9 +52,9 @@ What no checkpoint can fix (``tests/test_checkpoint_limits.py`` shows each):
 
 Where ckpt_lab behaves differently from ``torch.utils.checkpoint``, on purpose:
 
-* a parameter or input modified in place between forward and backward, or a saved tensor
-  modified in place inside the function, raises ``CheckpointError`` where torch returns wrong
-  gradients silently.
+* a parameter modified in place between forward and backward (an optimizer step), or a
+  saved tensor modified in place inside the function, raises ``CheckpointError`` where torch
+  returns wrong gradients silently.
 * a custom ``autograd.Function`` that reads ``ctx.saved_tensors`` twice gets the same tensors
   again, without another forward (torch raises).
 * ``impl="reentrant"`` refuses a call where no tensor argument requires grad: torch runs it,
