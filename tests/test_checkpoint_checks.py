@@ -110,14 +110,19 @@ def test_a_bias_no_op_saves_is_still_checked(impl):
         y.backward()
 
 
-def test_captured_saved_tensor_modified_before_backward_is_refused():
-    c = torch.randn(5) * 1.0
-    x = torch.randn(5, requires_grad=True)
+CPU_AND_CUDA = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_captured_saved_tensor_modified_before_backward_is_refused(device):
+    c = torch.randn(5, device=device) * 1.0
+    x = torch.randn(5, device=device, requires_grad=True)
     y = (x * c).sum()
     c.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()                                  # plain autograd: the mul saved c
-    c = torch.randn(5) * 1.0
+    c = torch.randn(5, device=device) * 1.0
     y = checkpoint(lambda t: t * c, x).sum()
     c.add_(1)
     with pytest.raises(CheckpointError, match=r"saved for backward \(\(5,\), float32\)"):
@@ -171,8 +176,7 @@ def dropout_pair(pair, scale):
     return nn.functional.dropout(a * scale["s"], 0.5) + nn.functional.dropout(b, 0.5)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 def test_dropout_on_tensors_nested_in_lists_and_dicts_is_replayed(device):
     """Only nested tensors say which CUDA generator to replay (today's torch looks at top-level
     arguments only)."""
