@@ -47,13 +47,33 @@ def _close(answer, expected: float, rel: float, hint_low: str, hint_high: str):
 
 
 # ------------------------------------------------------------------------------ lesson 1
-def _adam_mixed(answer):
-    expected = formulas.model_state_per_param("mixed", "adam").total
-    return _close(answer, expected, 1e-9,
-                  "Too few: besides the 16-bit weights and gradients, Adam keeps an fp32 "
-                  "master copy of the weights and two fp32 moments (momentum and variance).",
-                  "Too many: with ZeRO's accounting the gradients stay 16-bit (2 bytes) and "
-                  "there is one fp32 master copy (4) plus two fp32 moments (4 + 4).")
+FROZEN_ADAMW_CONFIG = dict(block_size=16, width=64, depth=3)
+
+
+def frozen_adamw_step_bytes() -> int:
+    """Measured: the bytes the first AdamW step adds to the 01.1 model (embedding frozen)."""
+    from .memory import track_memory
+    from .models import MLPConfig, build_model
+    model = build_model(MLPConfig(**FROZEN_ADAMW_CONFIG))
+    model.chain[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 256, (4, FROZEN_ADAMW_CONFIG["block_size"]))
+    model(x, x).backward()
+    with track_memory() as mem:
+        optimizer.step()
+    return mem.current_bytes
+
+
+def _frozen_adamw(answer):
+    expected = frozen_adamw_step_bytes()
+    return _close(answer, expected, 1e-3,
+                  "Too few: AdamW keeps two fp32 tensors (exp_avg and exp_avg_sq) the size of "
+                  "every parameter it updates, 8 bytes per parameter: count the biases and the "
+                  "head's weight too, not only the blocks' weights.",
+                  "Too many: a frozen parameter gets no gradient, and AdamW skips a parameter "
+                  "whose .grad is None, so the embedding gets no state. Count only the blocks "
+                  "and the head, 8 bytes per parameter (the step counters add 4 bytes per "
+                  "tensor, within the tolerance).")
 
 
 def _block_bytes(answer):
@@ -65,10 +85,11 @@ def _block_bytes(answer):
     prof = profile_layers(chain, torch.randn(tokens, width), repeats=1)
     expected = prof[1].act_bytes
     return _close(answer, expected, 1e-3,
-                  "Too few: count one (tokens x width) fp32 tensor the block must keep; "
-                  "tokens = batch x positions.",
-                  "Too many: the Linear's input is the previous block's ReLU output, already "
-                  "kept, and the pre-activation is freed once ReLU saved its own output.")
+                  "Too few: ReLU's backward needs its output, so the block keeps one "
+                  "(tokens x width) fp32 tensor; tokens = batch x positions = 8 x 64.",
+                  "Too many: do not count the block's input: it is the previous block's ReLU "
+                  "output, already kept by that block (the Linear reuses it). And the Linear's "
+                  "output is freed once ReLU has made and saved its own output.")
 
 
 def _adam_fp32_7b(answer):
@@ -373,11 +394,17 @@ def _selective_fraction(answer):
 
 
 EXERCISES = {e.key: e for e in [
-    Exercise("01.adam_mixed_bytes", "Mixed-precision training with Adam, ZeRO's accounting "
-             "(16-bit weights and gradients): how many bytes per parameter?", _adam_mixed),
+    Exercise("01.frozen_adamw_bytes", "Predict, then measure: build_model(MLPConfig("
+             "block_size=16, width=64, depth=3)) with its embedding frozen "
+             "(model.chain[0].requires_grad_(False)), all parameters given to AdamW, after one "
+             "forward + backward: how many bytes does the first optimizer.step() add? Work it "
+             "out from the shapes first (vocabulary 256), then measure it with track_memory.",
+             _frozen_adamw),
     Exercise("01.block_activation_bytes", "One MLPBlock (Linear -> ReLU, width 512, fp32, no "
              "dropout) in the middle of a chain, batch of 8 rows x 64 positions: how many bytes "
-             "does it keep for backward?", _block_bytes),
+             "does this block add to what the chain keeps for backward? Count the tensors the "
+             "block creates and keeps; its input is the previous block's output, kept by that "
+             "block, so it does not count here.", _block_bytes),
     Exercise("01.adam_fp32_7b", "A 7-billion-parameter model trained in fp32 with Adam: how "
              "many GiB do weights, gradients and optimizer states take?", _adam_fp32_7b),
     Exercise("02.my_checkpoint", "Pass your checkpoint function (fn, x) -> fn(x): it must give "

@@ -130,8 +130,13 @@ class _Tracker(TorchDispatchMode):
 
     def _record(self, func, args, kwargs, out):
         log = self.log
-        new = [(id(st), st) for st in new_storages(func, args, kwargs, out)
-               if id(st) not in self._refs and st.nbytes() > 0]
+        if func is _LIFT_FRESH:
+            # torch.tensor(data) builds its tensor below the dispatcher, then hands it to
+            # lift_fresh, whose output aliases it: the storage is new all the same.
+            made = [t.untyped_storage() for t in _tensors(out)]
+        else:
+            made = new_storages(func, args, kwargs, out)
+        new = [(id(st), st) for st in made if id(st) not in self._refs and st.nbytes() > 0]
         with self._lock:
             for key, st in new:
                 self._count(key, st, st.nbytes())
@@ -189,6 +194,9 @@ class _Tracker(TorchDispatchMode):
         """Stop listening for frees (the block is over; the log keeps its final numbers)."""
         with self._lock:
             self._refs.clear()
+
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
 # ------------------------------------------------- storages that change size under an op

@@ -224,6 +224,16 @@ def test_cuda_peak_logic_without_resetting_statistics(monkeypatch):
     assert mem.cuda_peak_bytes == 50 and fake.resets == 1
 
 
+def test_tensors_built_from_python_data_are_counted():
+    # torch.tensor(...) makes its storage below the dispatcher and passes it through
+    # lift_fresh, which returns an alias: still a new allocation (AdamW's step counters).
+    with track_memory() as mem:
+        t = torch.tensor([1.0, 2.0, 3.0])
+        s = torch.tensor(0.0)
+    assert mem.current_bytes == 3 * F32 + F32
+    del t, s
+
+
 def test_out_and_resize_growth_is_counted():
     a, b = torch.randn(256), torch.randn(256)
     with track_memory() as mem:
