@@ -11,14 +11,23 @@ The rungs, in the source article's order by default:
 * ``"shrink"``: halve the batch itself, which does change the optimisation (logged as such).
 
 Each move is used until it can go no further before the next one is tried.
+
+`chain_step` makes such a step for any model with ``set_policy`` (the course's chains): memory
+is measured in that pass, under `track_memory`. Its per-operation bookkeeping slows small
+operations most, which would bias timings against accumulation (more, smaller operations), so
+`median_seconds` times the same steps in a separate, untracked pass.
 """
 from __future__ import annotations
 
 import gc
 import logging
+import time
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from .memory import track_memory
 
 MOVES = ("densify", "accumulate", "shrink")
 log = logging.getLogger(__name__)
@@ -129,3 +138,61 @@ def run_with_fallback(step, config: StepConfig, order=MOVES, max_every: int = 8,
         log.info("fits: %s", config)
         return FallbackResult(config, result, rungs)
     raise NoConfigFitsError(rungs)
+
+
+# ------------------------------------------------------------- steps of the course's chains
+def policy_for(config: StepConfig) -> str:
+    """The checkpoint policy of a config: "none" or "every:<k>"."""
+    return f"every:{config.checkpoint_every}" if config.checkpoint_every else "none"
+
+
+def run_config(model, x, y, config: StepConfig) -> None:
+    """Forward and backward of `config` on the first batch_size rows of (x, y), accumulated.
+
+    Sets the model's checkpoint policy from the config; parameter gradients are allocated (or
+    zeroed) first, since they are model state, not part of the step's peak.
+    """
+    model.set_policy(policy_for(config))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+    k = config.accumulation_steps
+    for xm, ym in zip(x[:config.batch_size].chunk(k), y[:config.batch_size].chunk(k)):
+        (model(xm, ym) / k).backward()
+
+
+def chain_step(model, x, y, limit_bytes: int | None = None):
+    """A `step(config)` for `run_with_fallback`: runs `config` under a simulated memory limit
+    and returns its measured peak bytes."""
+    def step(config: StepConfig) -> int:
+        with track_memory(limit_bytes=limit_bytes) as mem:
+            run_config(model, x, y, config)
+        return mem.peak_bytes
+    return step
+
+
+def config_flops(model, x, y, config: StepConfig) -> int:
+    """FLOPs of one step of `config`, counted by PyTorch's FlopCounterMode."""
+    with FlopCounterMode(display=False) as counter:
+        run_config(model, x, y, config)
+    return counter.get_total_flops()
+
+
+def median_seconds(model, x, y, configs, repeats: int = 5) -> list[float]:
+    """Median wall-clock seconds of a step of each config, untracked, the configs interleaved
+    in every repeat so that a slow spell of the machine hits them all alike."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    configs = list(configs)
+    times = [[] for _ in configs]
+    for c in configs:
+        run_config(model, x, y, c)        # warm-up: allocations, lazy initialisation
+    for _ in range(repeats):
+        for c, ts in zip(configs, times):
+            if x.device.type == "cuda":
+                torch.cuda.synchronize(x.device)
+            start = time.perf_counter()
+            run_config(model, x, y, c)
+            if x.device.type == "cuda":
+                torch.cuda.synchronize(x.device)
+            ts.append(time.perf_counter() - start)
+    return [sorted(ts)[len(ts) // 2] for ts in times]

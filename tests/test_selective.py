@@ -214,3 +214,23 @@ def test_without_grad_policy_is_validated_and_fn_runs_plainly():
         assert torch.equal(checkpoint(m, x, policy="save_matmuls"), m(x))
         with pytest.raises(ValueError):
             checkpoint(m, x, policy="nope")
+
+
+def test_policy_that_reads_the_op_alone_is_asked_once_per_op():
+    asked = []
+
+    def counting(op, *args, **kwargs):
+        asked.append(op)
+        return op.overloadpacket in (aten.addmm,)
+
+    m, x = blocks(2), torch.randn(8, 16)
+    ref, _ = run(m, x, lambda b, y: b(y))
+    per_call, _ = run(m, x, lambda b, y: checkpoint(b, y, policy=counting))
+    calls = len(asked)
+    counting.by_op_only = True   # what save_matmuls, recompute_all and op collections carry
+    asked.clear()
+    per_op, _ = run(m, x, lambda b, y: checkpoint(b, y, policy=counting))
+    assert same(ref, per_call) and same(ref, per_op)
+    # 2 blocks x (2 addmm, gelu, tanh, mul, ...): asked for every call, then once per op a block
+    assert calls > len(asked) and len(asked) == len(set(asked)) * 2
+    assert save_matmuls.by_op_only and POLICIES["recompute_all"].by_op_only
