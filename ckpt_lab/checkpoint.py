@@ -17,13 +17,18 @@ real checkpoint must guard against, each a silent wrong gradient otherwise, is l
 
 * RNG: the generators of the CPU and of every CUDA device found in the arguments (nested in
   lists, tuples and dicts too) and in the parameters of an ``nn.Module`` function are replayed,
-  so a dropout draws the same mask twice; a device whose generator is not replayed is refused.
+  so a dropout draws the same mask twice, and so is any ``torch.Generator`` passed as an
+  argument; a device whose generator is not replayed is refused (meta tensors, which hold
+  no values, are exempt).
 * autocast: the recompute runs under the autocast settings of the forward.
 * versions: plain autograd refuses a saved tensor modified in place ("modified by an inplace
   operation"); a checkpoint saves no tensor for autograd to check, so it checks by itself:
-  its tensor arguments (positional, keyword, nested), the parameters of a module function, and
-  (hooks) every tensor the function saved, through a storage-less alias that shares the
-  tensor's version counter (``_probe``).
+  its tensor arguments (positional, keyword, nested), the parameters of the modules the
+  function uses (the function itself, its ``self``, its closure, a ``partial``'s arguments, the
+  globals it reads), and (hooks) every tensor the function saved, through a storage-less alias
+  that shares the tensor's version counter (``_probe``). Not seen: a captured tensor that is
+  no parameter and that no operation saves (with the reentrant design: any captured tensor
+  that is no parameter); keep what the function reads unchanged until backward.
 * metadata: every recomputed saved tensor (or output) must have the forward's shape, dtype and
   device; a function that branches on global state is refused instead of mis-differentiated.
 * early stop (hooks): the recompute stops as soon as it has produced the last tensor backward
@@ -34,8 +39,9 @@ real checkpoint must guard against, each a silent wrong gradient otherwise, is l
 
 What no checkpoint can fix (``tests/test_checkpoint_limits.py`` shows each):
 
-* a custom ``torch.Generator`` passed to random ops inside the function: its state is not
-  visible to the checkpoint, so the recompute draws other numbers. Create the generator inside
+* a custom ``torch.Generator`` that the function reaches by itself (a global, a closure, a
+  module attribute): the checkpoint cannot see it, so the recompute draws other numbers. Pass
+  the generator as an argument (then it is replayed like the global ones) or create it inside
   the function from a seed argument (``torch.Generator().manual_seed(seed)``).
 * the global generator shared across threads: if another thread draws from it while the
   forward runs, the forward's numbers depend on that interleaving, which the recompute does not
@@ -46,9 +52,9 @@ What no checkpoint can fix (``tests/test_checkpoint_limits.py`` shows each):
 
 Where ckpt_lab behaves differently from ``torch.utils.checkpoint``, on purpose:
 
-* a parameter or input modified in place between forward and backward, or a saved tensor
-  modified in place inside the function, raises ``CheckpointError`` where torch returns wrong
-  gradients silently.
+* a parameter modified in place between forward and backward (an optimizer step), or a
+  saved tensor modified in place inside the function, raises ``CheckpointError`` where torch
+  returns wrong gradients silently.
 * a custom ``autograd.Function`` that reads ``ctx.saved_tensors`` twice gets the same tensors
   again, without another forward (torch raises).
 * ``impl="reentrant"`` refuses a call where no tensor argument requires grad: torch runs it,
@@ -138,7 +144,7 @@ def minimal_hooks(fn, x):
 # ========================================================================== 2. the checks
 def _walk(obj, path: str, out: list):
     """Collect (path, leaf) for tensors and modules in nested lists, tuples and dicts."""
-    if isinstance(obj, (torch.Tensor, nn.Module)):
+    if isinstance(obj, (torch.Tensor, nn.Module, torch.Generator)):
         out.append((path, obj))
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
@@ -149,7 +155,7 @@ def _walk(obj, path: str, out: list):
 
 
 def _leaves(args, kwargs) -> list[tuple[str, object]]:
-    """Every tensor and module in the arguments, with a name such as ``argument 0[1]``."""
+    """Tensors, modules and generators in the arguments, named like ``argument 0[1]``."""
     out: list = []
     for i, a in enumerate(args):
         _walk(a, f"argument {i}", out)
@@ -225,16 +231,18 @@ class _Replay:
     cuda_devices: list[int]
     cuda_rng: list[torch.Tensor]
     autocast: list[tuple[str, bool, torch.dtype]]
+    generators: list[tuple[torch.Generator, torch.Tensor]]   # those passed as arguments
 
     @staticmethod
-    def capture(tensors, preserve_rng_state: bool) -> "_Replay":
+    def capture(tensors, generators, preserve_rng_state: bool) -> "_Replay":
         autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
                     for d in _autocast_devices()]
         devices = _cuda_devices(tensors, preserve_rng_state)
         if not preserve_rng_state:
-            return _Replay(None, [], [], autocast)
+            return _Replay(None, [], [], autocast, [])
         return _Replay(torch.get_rng_state(), devices,
-                       [torch.cuda.get_rng_state(d) for d in devices], autocast)
+                       [torch.cuda.get_rng_state(d) for d in devices], autocast,
+                       [(g, g.get_state()) for g in generators])
 
     @contextlib.contextmanager
     def restored(self):
@@ -245,6 +253,9 @@ class _Replay:
                 torch.set_rng_state(self.cpu_rng)
                 for d, s in zip(self.cuda_devices, self.cuda_rng):
                     torch.cuda.set_rng_state(s, d)
+                for g, s in self.generators:      # put back after the block, like fork_rng
+                    stack.callback(g.set_state, g.get_state())
+                    g.set_state(s)
             for device, enabled, dtype in self.autocast:
                 stack.enter_context(torch.autocast(device_type=device, enabled=enabled,
                                                    dtype=dtype))
@@ -572,7 +583,8 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
     modules = _modules_of(fn, leaves)
     params = list({id(p): p for m in modules for p in m.parameters()}.values())
     tensors = [t for _, t in leaves if isinstance(t, torch.Tensor)]
-    replay = _Replay.capture(tensors + params, preserve_rng_state)
+    generators = [g for _, g in leaves if isinstance(g, torch.Generator)]
+    replay = _Replay.capture(tensors + params, generators, preserve_rng_state)
     versions = _Versions.capture(leaves, params, modules)
     fn = fn if selective is None else selective
     if impl == "hooks":

@@ -22,11 +22,12 @@ def same(a, b):
 
 
 # ------------------------------------------------------------------------------- versions
-def sigmoid_then_edit(x):
+def sigmoid_then_edit(x, edit=True):
     y = torch.sigmoid(x)
     z = y * x
-    y.mul_(3)          # y was saved by sigmoid and by the multiply
-    return z
+    if edit:
+        y.mul_(3)      # y was saved by sigmoid and by the multiply
+    return z * x       # saves z: a recompute must run past the edit
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -39,11 +40,13 @@ def test_saved_tensor_modified_in_place_inside_the_function_is_refused(impl):
         y.backward()
 
 
-def test_torch_returns_a_gradient_where_plain_autograd_refuses():
-    """Why the check exists: the oracle itself is silently wrong here."""
+def test_torch_returns_a_wrong_gradient_where_plain_autograd_refuses():
+    """Why the check exists: the oracle itself is silently wrong here (z was computed before
+    the edit, so the right gradient is that of the function without it)."""
     x = torch.randn(5, requires_grad=True)
+    right = torch.autograd.grad(sigmoid_then_edit(x, edit=False).sum(), x)[0]
     tuc.checkpoint(sigmoid_then_edit, x, use_reentrant=False).sum().backward()
-    assert x.grad is not None
+    assert not torch.allclose(x.grad, right)
 
 
 def small_model():
@@ -107,14 +110,19 @@ def test_a_bias_no_op_saves_is_still_checked(impl):
         y.backward()
 
 
-def test_captured_saved_tensor_modified_before_backward_is_refused():
-    c = torch.randn(5) * 1.0
-    x = torch.randn(5, requires_grad=True)
+CPU_AND_CUDA = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_captured_saved_tensor_modified_before_backward_is_refused(device):
+    c = torch.randn(5, device=device) * 1.0
+    x = torch.randn(5, device=device, requires_grad=True)
     y = (x * c).sum()
     c.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()                                  # plain autograd: the mul saved c
-    c = torch.randn(5) * 1.0
+    c = torch.randn(5, device=device) * 1.0
     y = checkpoint(lambda t: t * c, x).sum()
     c.add_(1)
     with pytest.raises(CheckpointError, match=r"saved for backward \(\(5,\), float32\)"):
@@ -168,8 +176,7 @@ def dropout_pair(pair, scale):
     return nn.functional.dropout(a * scale["s"], 0.5) + nn.functional.dropout(b, 0.5)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 def test_dropout_on_tensors_nested_in_lists_and_dicts_is_replayed(device):
     """Only nested tensors say which CUDA generator to replay (today's torch looks at top-level
     arguments only)."""
