@@ -123,12 +123,11 @@ class _Tracker(TorchDispatchMode):
         kwargs = kwargs or {}
         written = [(st, st.nbytes()) for st in _resizable_storages(func, args, kwargs)]
         out = func(*args, **kwargs)
-        for st, before in written:
-            self.resized(st, before)
-        self._record(func, args, kwargs, out)
+        grew = [self.resized(st, before) for st, before in written]
+        self._record(func, args, kwargs, out, any(grew))
         return out
 
-    def _record(self, func, args, kwargs, out):
+    def _record(self, func, args, kwargs, out, grew: bool = False):
         log = self.log
         if func is _LIFT_FRESH:
             # torch.tensor(data) builds its tensor below the dispatcher, then hands it to
@@ -144,7 +143,7 @@ class _Tracker(TorchDispatchMode):
             log.timeline.append(TimelinePoint(log.num_ops, log.current_bytes, current_phase(),
                                               func.__name__))
             live = log.current_bytes
-        if new and log.limit_bytes is not None and live > log.limit_bytes:
+        if (new or grew) and log.limit_bytes is not None and live > log.limit_bytes:
             raise SimulatedOutOfMemoryError(live, log.limit_bytes, func.__name__)
 
     def _count(self, key: int, st, nbytes: int):
@@ -160,25 +159,27 @@ class _Tracker(TorchDispatchMode):
         log.peak_bytes_by_device[dev] = max(log.peak_bytes_by_device.get(dev, 0), by[dev])
         log.peak_bytes = max(log.peak_bytes, log.current_bytes)
 
-    def resized(self, st, before: int):
-        """Re-read the size of a storage that may have been resized from `before` bytes.
+    def resized(self, st, before: int) -> bool:
+        """Re-read the size of a storage that may have been resized from `before` bytes;
+        True if the books grew.
 
         Growth is counted (all of it for a storage made in the block, the growth alone for
         one made before); shrinking releases what was counted, down to 0 for ``resize_(0)``.
         """
         now = st.nbytes()
         if now == before:
-            return
+            return False
         key = id(st)
         with self._lock:
             entry = self._refs.get(key)
             counted = entry[1] if entry is not None else 0
             change = max(counted + now - before, 0) - counted
             if change == 0:
-                return
+                return False
             self._count(key, st, change)
             if self._refs[key][1] == 0:
                 del self._refs[key]
+        return change > 0
 
     def _freer(self, key: int):
         def free(_ref):

@@ -38,7 +38,6 @@ from collections import defaultdict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 
 
 class Decision(enum.Enum):
@@ -138,7 +137,10 @@ class _Saved:
     __slots__ = ("value", "versions")
 
     def __init__(self, out):
-        self.value = tree_map(_detach_sharing_version, out)
+        if isinstance(out, (tuple, list)):   # an op returns a tensor or a flat tuple/list
+            self.value = type(out)(_detach_sharing_version(t) for t in out)
+        else:
+            self.value = _detach_sharing_version(out)
         self.versions = [t._version for t in _tensors(self.value)]
 
 
@@ -154,10 +156,12 @@ def _detach_sharing_version(t):
         return t.detach()
 
 
-def _tensors(tree):
-    out = []
-    tree_map(lambda t: out.append(t) if isinstance(t, torch.Tensor) else None, tree)
-    return out
+def _tensors(out) -> list:
+    """The tensors of an op's output: a tensor or a flat tuple/list of them."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (tuple, list)) \
+        else []
 
 
 class _Saving(TorchDispatchMode):

@@ -249,6 +249,13 @@ def test_out_and_resize_growth_is_counted():
     assert mem.peak_bytes == 1024 * F32
 
 
+def test_growth_past_the_limit_raises():
+    c = torch.empty(0)
+    with pytest.raises(SimulatedOutOfMemoryError, match="resize_"):
+        with track_memory(limit_bytes=1000):
+            c.resize_(1000)                  # 4000 bytes
+
+
 def test_growth_of_a_storage_made_before_the_block_counts_the_growth_only():
     outside = torch.zeros(100)
     with track_memory() as mem:
