@@ -146,40 +146,49 @@ def policy_for(config: StepConfig) -> str:
     return f"every:{config.checkpoint_every}" if config.checkpoint_every else "none"
 
 
-def run_config(model, x, y, config: StepConfig) -> None:
-    """Forward and backward of `config` on the first batch_size rows of (x, y), accumulated.
-
-    Sets the model's checkpoint policy from the config; parameter gradients are allocated (or
-    zeroed) first, since they are model state, not part of the step's peak.
-    """
+def prepare(model, config: StepConfig) -> None:
+    """Set the model's checkpoint policy from `config` and allocate (or zero) its parameter
+    gradients: model state, not part of the step's peak."""
     model.set_policy(policy_for(config))
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+
+
+def _forward_backward(model, x, y, config: StepConfig) -> None:
     k = config.accumulation_steps
     for xm, ym in zip(x[:config.batch_size].chunk(k), y[:config.batch_size].chunk(k)):
         (model(xm, ym) / k).backward()
 
 
+def run_config(model, x, y, config: StepConfig) -> None:
+    """`prepare`, then forward and backward of `config` on the first batch_size rows of (x, y),
+    accumulated over its micro-batches."""
+    prepare(model, config)
+    _forward_backward(model, x, y, config)
+
+
 def chain_step(model, x, y, limit_bytes: int | None = None):
     """A `step(config)` for `run_with_fallback`: runs `config` under a simulated memory limit
-    and returns its measured peak bytes."""
-    def step(config: StepConfig) -> int:
+    and returns its `MemoryLog` (``.peak_bytes``, ``.num_ops``)."""
+    def step(config: StepConfig):
+        prepare(model, config)
         with track_memory(limit_bytes=limit_bytes) as mem:
-            run_config(model, x, y, config)
-        return mem.peak_bytes
+            _forward_backward(model, x, y, config)
+        return mem
     return step
 
 
 def config_flops(model, x, y, config: StepConfig) -> int:
     """FLOPs of one step of `config`, counted by PyTorch's FlopCounterMode."""
+    prepare(model, config)
     with FlopCounterMode(display=False) as counter:
-        run_config(model, x, y, config)
+        _forward_backward(model, x, y, config)
     return counter.get_total_flops()
 
 
 def median_seconds(model, x, y, configs, repeats: int = 5) -> list[float]:
-    """Median wall-clock seconds of a step of each config, untracked, the configs interleaved
-    in every repeat so that a slow spell of the machine hits them all alike."""
+    """Median wall-clock seconds of forward and backward of each config, untracked, the configs
+    interleaved in every repeat so that a slow spell of the machine hits them all alike."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     configs = list(configs)
@@ -188,10 +197,11 @@ def median_seconds(model, x, y, configs, repeats: int = 5) -> list[float]:
         run_config(model, x, y, c)        # warm-up: allocations, lazy initialisation
     for _ in range(repeats):
         for c, ts in zip(configs, times):
+            prepare(model, c)
             if x.device.type == "cuda":
                 torch.cuda.synchronize(x.device)
             start = time.perf_counter()
-            run_config(model, x, y, c)
+            _forward_backward(model, x, y, c)
             if x.device.type == "cuda":
                 torch.cuda.synchronize(x.device)
             ts.append(time.perf_counter() - start)
