@@ -13,8 +13,8 @@ The rungs, in the source article's order by default:
 Each move is used until it can go no further before the next one is tried.
 
 `chain_step` makes such a step for any model with ``set_policy`` (the course's chains): memory
-is measured in that pass, under `track_memory`. Its per-operation bookkeeping slows small
-operations most, which would bias timings against accumulation (more, smaller operations), so
+is measured in that pass, under `track_memory`. Its bookkeeping costs the same per operation
+however small, which would bias timings against accumulation (more, smaller operations), so
 `median_seconds` times the same steps in a separate, untracked pass.
 """
 from __future__ import annotations
@@ -187,22 +187,35 @@ def config_flops(model, x, y, config: StepConfig) -> int:
 
 
 def median_seconds(model, x, y, configs, repeats: int = 5) -> list[float]:
-    """Median wall-clock seconds of forward and backward of each config, untracked, the configs
-    interleaved in every repeat so that a slow spell of the machine hits them all alike."""
+    """Median seconds of forward and backward of each config, untracked, the configs
+    interleaved in every repeat.
+
+    On a CPU this is the process's CPU time with PyTorch on one thread: the work the step costs,
+    which other programs sharing the machine do not inflate (wall-clock time on a busy machine
+    varies several-fold). On CUDA it is wall-clock time between synchronisations.
+    """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     configs = list(configs)
-    times = [[] for _ in configs]
-    for c in configs:
-        run_config(model, x, y, c)        # warm-up: allocations, lazy initialisation
-    for _ in range(repeats):
-        for c, ts in zip(configs, times):
-            prepare(model, c)
-            if x.device.type == "cuda":
-                torch.cuda.synchronize(x.device)
-            start = time.perf_counter()
-            _forward_backward(model, x, y, c)
-            if x.device.type == "cuda":
-                torch.cuda.synchronize(x.device)
-            ts.append(time.perf_counter() - start)
+    cuda = x.device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(1)
+    try:
+        times = [[] for _ in configs]
+        for c in configs:
+            run_config(model, x, y, c)        # warm-up: allocations, lazy initialisation
+        for _ in range(repeats):
+            for c, ts in zip(configs, times):
+                prepare(model, c)
+                if cuda:
+                    torch.cuda.synchronize(x.device)
+                start = clock()
+                _forward_backward(model, x, y, c)
+                if cuda:
+                    torch.cuda.synchronize(x.device)
+                ts.append(clock() - start)
+    finally:
+        torch.set_num_threads(threads)
     return [sorted(ts)[len(ts) // 2] for ts in times]

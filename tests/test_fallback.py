@@ -100,8 +100,10 @@ def test_counted_flops_accumulation_is_free_recompute_is_not():
 
 def test_median_seconds_times_each_config_without_tracking():
     _, (model, idx, tgt) = make_step(None)
+    threads = torch.get_num_threads()
     times = median_seconds(model, idx, tgt, [StepConfig(0, 1, 32), StepConfig(0, 1, 2)], 3)
     assert len(times) == 2 and all(t > 0 for t in times)
+    assert torch.get_num_threads() == threads            # restored after timing on one thread
     with pytest.raises(ValueError, match="repeats"):
         median_seconds(model, idx, tgt, [StepConfig()], 0)
     run_config(model, idx, tgt, StepConfig(4, 1, 8))
