@@ -664,15 +664,32 @@ def _accumulation_flops(answer):
 
 
 # ------------------------------------------------------------------------------ lesson 8
-def _llama7b_state(answer):
-    from .capacity import TransformerConfig
-    cfg = TransformerConfig(32, 4096, 32, 4096, vocab=32000)
-    expected = formulas.model_state_bytes(cfg.num_params, "mixed", "adam") / GIB
+FUSED_BLOCK = dict(batch=8, seq=64, n_embd=128, n_head=4)
+
+
+def fused_block_saved_bytes() -> int:
+    """Measured bytes one `models.Block` with attn_impl="sdpa" keeps for backward (fp32, no
+    dropout, FUSED_BLOCK's sizes), its input included: what exercise 08.1 predicts."""
+    from .course import kept_after_forward
+    from .models import GPTConfig, build_model
+    b, t, c, h = (FUSED_BLOCK[k] for k in ("batch", "seq", "n_embd", "n_head"))
+    model = build_model(GPTConfig(block_size=t, n_layer=1, n_head=h, n_embd=c, dropout=0.0,
+                                  attn_impl="sdpa"))
+    x = torch.randn(b, t, c, requires_grad=True)
+    # allocated and alive after forward: everything saved but the input, plus the output,
+    # which is as large as the input, so this is what the block keeps, its input included
+    return kept_after_forward(model.blocks()[0], x)
+
+
+def _fused_block(answer):
+    expected = fused_block_saved_bytes()
     return _close(answer, expected, 0.02,
-                  "Too few: mixed-precision Adam keeps 16 bytes per parameter; take "
-                  "num_params from capacity.TransformerConfig(32, 4096, 32, 4096, vocab=32000).",
-                  "Too many: divide bytes by 2**30 for GiB, and use the config's num_params "
-                  "(about 6.6e9 for this GPT-style count), not a rounded 7e9.")
+                  "Too few: count the block's input (kept by the first LayerNorm), the qkv "
+                  "input, Q, K and V (the fused kernel keeps them), the output projection's "
+                  "input, the second LayerNorm's input, the MLP's input and its two 4C-wide "
+                  "tensors (GELU's input and output), all in fp32.",
+                  "Too many: a fused kernel keeps no T x T scores (no softmax output, no "
+                  "masks), and its output is the output projection's input, one tensor.")
 
 
 def _usable_gib(answer):
@@ -726,9 +743,11 @@ EXERCISES.update({e.key: e for e in [
     Exercise("07.accumulation_flops", "Splitting a step's batch into 4 micro-batches "
              "(accumulation): FLOPs of the step with accumulation divided by FLOPs without?",
              _accumulation_flops),
-    Exercise("08.llama7b_state_gib", "A 7B LLaMA-like config (32 layers, hidden 4096, 32 heads, "
-             "seq 4096, vocab 32000) trained with mixed-precision Adam: GiB of model state, "
-             "with the planner's parameter count?", _llama7b_state),
+    Exercise("08.fused_block_bytes", "The course's GPT block with fused attention "
+             "(attn_impl='sdpa'): batch 8, T 64, C 128, 4 heads, fp32, dropout off. Predict the "
+             "bytes it keeps for backward, its input included and its output not, with "
+             "formulas.transformer_layer_terms or by hand; the next cell measures it.",
+             _fused_block),
     Exercise("08.usable_gib", "An '80 GB' GPU and the keep-peak-under-85% rule: how many GiB may "
              "the planned peak use?", _usable_gib),
     Exercise("08.fallback_rungs", "Article order (densify, accumulate, shrink), start with no "
