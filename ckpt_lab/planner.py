@@ -322,9 +322,13 @@ def plan_peak_bounds(boundaries, act_bytes, out_bytes, work_bytes, input_bytes: 
 
 
 # ------------------------------------------------------------------------- the exact step model
+HEAD_BYTES = 8  # `.float().sum()` and the gradient of that sum: two fp32 scalars
+
 _STEP_FIELDS = ("own_bytes", "saves_input", "saves_output", "saves_any", "forward_peak_bytes",
-                "free_forward_peak_bytes", "recompute_peak_bytes", "backward_peak_bytes",
-                "held_backward_peak_bytes", "grad_in_bytes")
+                "free_forward_peak_bytes", "backward_peak_bytes", "held_backward_peak_bytes",
+                "grad_in_bytes", "recompute_own_bytes", "recompute_forward_peak_bytes",
+                "recompute_peak_bytes", "recompute_backward_peak_bytes",
+                "recompute_held_backward_peak_bytes")
 
 
 class _Step(_Searches):
@@ -347,13 +351,22 @@ class _Step(_Searches):
         self.own = _ints("own_bytes", get("own_bytes"))
         self.fwd = _ints("forward_peak_bytes", get("forward_peak_bytes"))
         self.free = _ints("free_forward_peak_bytes", get("free_forward_peak_bytes"))
+        # a checkpointed segment's layers run forward again in backward, maybe saving more
+        self.own_r = _ints("recompute_own_bytes", get("recompute_own_bytes"))
+        self.fwd_r = _ints("recompute_forward_peak_bytes", get("recompute_forward_peak_bytes"))
         self.rec = _ints("recompute_peak_bytes", get("recompute_peak_bytes"))
+        self.bwd_r = _ints("recompute_backward_peak_bytes", get("recompute_backward_peak_bytes"))
+        self.held_r = _ints("recompute_held_backward_peak_bytes",
+                            get("recompute_held_backward_peak_bytes"))
         self.bwd = _ints("backward_peak_bytes", get("backward_peak_bytes"))
         self.held = _ints("held_backward_peak_bytes", get("held_backward_peak_bytes"))
         self.gin = _ints("grad_in_bytes", get("grad_in_bytes"))
         self.saves_in = [bool(v) for v in get("saves_input")]
         self.saves_out = [bool(v) for v in get("saves_output")]
         self.saves = [bool(v) for v in get("saves_any")]
+        # the loss and the seed gradient `backward()` makes for it (fp32 scalars) stay alive all
+        # through backward; the last layer's measurements already include them
+        self.head = HEAD_BYTES
         # the input a layer keeps alive after its forward, when it alone saves it
         self.ex = [0] + [self.out[k - 1] if self.saves_in[k] and not self.saves_out[k - 1] else 0
                          for k in range(1, n)]
@@ -366,9 +379,11 @@ class _Step(_Searches):
         """Layer i's input while its forward runs, unless the layer before saved it."""
         return 0 if self.saves_out[i - 1] else self.out[i - 1]
 
-    def _backward(self, a: int, i: int) -> int:
-        """Layer i's backward peak in a segment starting at a: is its input held elsewhere?"""
-        return self.bwd[i] if i == a or self.saves_out[i - 1] else self.held[i]
+    def _backward(self, a: int, i: int, again: bool = False) -> int:
+        """Layer i's backward peak in a segment starting at a: is its input held elsewhere?
+        `again`: after a recompute."""
+        bwd, held = (self.bwd_r, self.held_r) if again else (self.bwd, self.held)
+        return bwd[i] if i == a or self.saves_out[i - 1] else held[i]
 
     def segment_peak(self, a: int, b: int) -> int:
         """Peak of checkpointed segment [a, b), its kept input included, earlier ones not."""
@@ -377,18 +392,19 @@ class _Step(_Searches):
         saving = [i for i in range(a, b) if self.saves[i]]
         last = saving[-1] if saving else a - 1
         # layers after the last that saves anything run backward before any recompute
-        terms += [x + self._backward(a, i) for i in range(last + 1, b)]
+        x_back = x + self.head
+        terms += [x_back + self._backward(a, i, True) for i in range(last + 1, b)]
         if saving:
             # the recompute stops right after the last save; the incoming gradient is alive
             kept = 0
             for i in range(a, last + 1):
-                peak = self.rec[i] if i == last else self.fwd[i]
-                terms.append(x + self.gin[last] + kept + (self._input_alive(i) if i > a else 0)
-                             + peak)
-                kept += self.own[i] + (self.ex[i] if i > a else 0)
+                peak = self.rec[i] if i == last else self.fwd_r[i]
+                terms.append(x_back + self.gin[last] + kept
+                             + (self._input_alive(i) if i > a else 0) + peak)
+                kept += self.own_r[i] + (self.ex[i] if i > a else 0)
             for i in range(last, a - 1, -1):
-                kept -= self.own[i] + (self.ex[i] if i > a else 0)
-                terms.append(x + kept + self._backward(a, i))
+                kept -= self.own_r[i] + (self.ex[i] if i > a else 0)
+                terms.append(x_back + kept + self._backward(a, i, True))
         return max(terms)
 
     def last_peak(self, t: int) -> int:
@@ -405,10 +421,11 @@ class _Step(_Searches):
         kept += x if self.saves_in[t] else 0
         for i in range(self.n - 1, t - 1, -1):
             kept -= self.own[i] + (self.ex[i] if i > t else 0)
+            head = self.head if i < self.n - 1 else 0
             if i > t:
-                terms.append(kept + self._backward(t, i))
+                terms.append(head + kept + self._backward(t, i))
             else:
-                terms.append(self.held[t] if t > 0 else self.bwd[0])
+                terms.append(head + (self.held[t] if t > 0 else self.bwd[0]))
         return max(terms)
 
     # The planner's view: the same pieces for every segment at once (numpy, checked against
@@ -422,21 +439,25 @@ class _Step(_Searches):
         own, ex, out = (np.array(v, dtype=i64) for v in (self.own, self.ex, self.out))
         fwd, free, rec = (np.array(v, dtype=i64) for v in (self.fwd, self.free, self.rec))
         bwd, held, gin = (np.array(v, dtype=i64) for v in (self.bwd, self.held, self.gin))
+        own_r, fwd_r, bwd_r, held_r = (np.array(v, dtype=i64) for v in
+                                       (self.own_r, self.fwd_r, self.bwd_r, self.held_r))
         saves = np.array(self.saves)
         prev = np.concatenate([[0], out[:-1]])                       # layer i's input
         prev_saved = np.concatenate([[False], np.array(self.saves_out[:-1], dtype=bool)])
         q = np.concatenate([[0], np.cumsum(own + ex)])
         alive = np.where(prev_saved, 0, prev)                         # input alive in forward
         bwdv = np.where(prev_saved, bwd, held)
+        q_r = np.concatenate([[0], np.cumsum(own_r + ex)])
+        bwdv_r = np.where(prev_saved, bwd_r, held_r)
         seg = np.full((n, n), np.inf)
         for a in range(n - 1):
             ks = np.arange(a, n - 1)
-            s_ = q[ks] - q[a] - ex[a]
+            s_ = q_r[ks] - q_r[a] - ex[a]
             s_[0] = 0
             f = prev[ks] + free[ks]
             f[0] = free[a]
-            bv = bwdv[ks].copy()
-            bv[0] = bwd[a]
+            bv = bwdv_r[ks].copy()
+            bv[0] = bwd_r[a]
             rin = alive[ks].copy()
             rin[0] = 0
             sv = saves[ks]
@@ -448,19 +469,21 @@ class _Step(_Searches):
             group = np.cumsum(sv)
             big = int(bv.max()) + 2
             tail = np.maximum.accumulate(group * big + np.where(sv, -1, bv)) - group * big
-            vf = s_ + rin + fwd[ks]
+            vf = s_ + rin + fwd_r[ks]
             before = np.concatenate([[-1], np.maximum.accumulate(vf)[:-1]])
             r_at = gin[ks] + np.maximum(before, s_ + rin + rec[ks])
             r = np.where(has, r_at[at], 0)
-            peak = np.maximum(np.maximum(np.maximum.accumulate(f), covered), np.maximum(tail, r))
+            back = np.maximum(np.maximum(covered, tail), r) + self.head
+            peak = np.maximum(np.maximum.accumulate(f), back)
             seg[a, a + 1:] = prev[a] + peak
         ts = np.arange(n)
         a_f = q[ts] + alive + fwd
-        a_b = q[ts] + bwdv
+        head = np.where(ts < n - 1, self.head, 0)
+        a_b = q[ts] + bwdv + head
         suffix = lambda v: np.concatenate([np.maximum.accumulate(v[::-1])[::-1][1:], [-np.inf]])  # noqa: E731
         fl = prev + np.maximum(fwd, suffix(a_f) - q[:-1] - ex)
         xs = np.where(np.array(self.saves_in), prev, 0)
-        first = np.where(ts > 0, held, bwd)
+        first = np.where(ts > 0, held, bwd) + head
         bl = np.maximum(first, own + xs - q[1:] + suffix(a_b))
         self.seg_t = np.ascontiguousarray(seg.T)       # row b: every start a of a segment [a, b)
         self.seg = seg

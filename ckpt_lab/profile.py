@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .memory import track_memory
+from .memory import phase, track_memory
 
 
 @dataclass
@@ -48,10 +48,16 @@ class LayerProfile:
     saves_any: bool | None = None  # saves any tensor at all (parameters count): a recompute runs it
     forward_peak_bytes: int | None = None       # peak in its forward, saving (input not counted)
     free_forward_peak_bytes: int | None = None  # peak in its forward under a checkpoint
-    recompute_peak_bytes: int | None = None     # peak up to its last save, where a recompute stops
     backward_peak_bytes: int | None = None      # peak in its backward, input held elsewhere
     held_backward_peak_bytes: int | None = None  # same, input held only by what it saved
     grad_in_bytes: int | None = None            # the gradient arriving at its output
+    # the same when its forward is a checkpoint's recompute (a layer may save more then, e.g.
+    # models.RecomputeSafeBatchNorm2d saves copies of its running statistics)
+    recompute_own_bytes: int | None = None
+    recompute_forward_peak_bytes: int | None = None
+    recompute_peak_bytes: int | None = None     # peak up to its last save, where a recompute stops
+    recompute_backward_peak_bytes: int | None = None
+    recompute_held_backward_peak_bytes: int | None = None
 
 
 class _Sink(torch.autograd.Function):
@@ -127,6 +133,9 @@ def _alone(layer, x, requires_grad, incoming, head, held):
         forward_peak=forward_peak, backward_peak=backward_peak, fwd_ops=fwd_ops,
         recompute_peak=max([0] + [p.live_bytes for p in log.timeline[:last]]),
         grad=box[0] if box else None)
+
+
+_COMPARED = ("own", "forward_peak", "recompute_peak", "backward_peak")
 
 
 def _free_forward_peak(layer, x) -> int:
@@ -214,17 +223,23 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfi
             h, req = y.detach(), bool(y.requires_grad)
             del y
         # backward, from the last layer: each layer gets the gradient the next one sent
-        held, alone, incoming = [None] * n, [None] * n, None
+        held, alone, again, again_held, incoming = [None] * n, [None] * n, [None] * n, \
+            [None] * n, None
         for i in reversed(range(n)):
             _, layer = named[i]
             head = i == n - 1
             xi = inputs[i].detach()
             alone[i] = _alone(layer, xi, needs[i], incoming, head, held=False)
             held[i] = _alone(layer, xi, needs[i], incoming, head, held=True)
+            with phase("recompute"):
+                again[i] = _alone(layer, xi, needs[i], incoming, head, held=False)
+                same = all(again[i][k] == alone[i][k] for k in _COMPARED)
+                again_held[i] = held[i] if same else _alone(layer, xi, needs[i], incoming,
+                                                            head, held=True)
             alone[i]["grad_in"] = 0 if incoming is None and not head else (
                 4 if head else incoming.untyped_storage().nbytes())
             incoming = alone[i]["grad"]
-            held[i]["grad"] = alone[i]["grad"] = None
+            held[i]["grad"] = alone[i]["grad"] = again[i]["grad"] = again_held[i]["grad"] = None
     out = []
     for i, (name, _) in enumerate(named):
         a, b = alone[i], held[i]
@@ -235,9 +250,13 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfi
             forward_seconds=seconds[i], work_bytes=a["backward_peak"] - a["own"], own_bytes=a["own"],
             saves_input=a["saves_input"], saves_output=a["saves_output"],
             saves_any=a["saves_any"], forward_peak_bytes=a["forward_peak"],
-            free_forward_peak_bytes=free[i], recompute_peak_bytes=a["recompute_peak"],
-            backward_peak_bytes=a["backward_peak"], held_backward_peak_bytes=b["backward_peak"],
-            grad_in_bytes=a["grad_in"]))
+            free_forward_peak_bytes=free[i], backward_peak_bytes=a["backward_peak"],
+            held_backward_peak_bytes=b["backward_peak"], grad_in_bytes=a["grad_in"],
+            recompute_own_bytes=again[i]["own"],
+            recompute_forward_peak_bytes=again[i]["forward_peak"],
+            recompute_peak_bytes=again[i]["recompute_peak"],
+            recompute_backward_peak_bytes=again[i]["backward_peak"],
+            recompute_held_backward_peak_bytes=again_held[i]["backward_peak"]))
     return out
 
 
