@@ -298,29 +298,6 @@ def plan_chain(layers, x, budget_bytes, repeats: int = 3) -> Plan:
     return optimal_segments(profile_layers(layers, x, repeats=repeats), budget_bytes)
 
 
-def plan_peak_bounds(boundaries, act_bytes, out_bytes, work_bytes, input_bytes: int = 0):
-    """(low, high) bytes that the measured step peak of a plan must lie between.
-
-    low is the planner's model (`formulas.segmented_peak_bytes`): while a segment's
-    activations are alive, so are the inputs kept before it. high adds what the model leaves
-    out, segment by segment: the segment's own input (`profile_layers` books it to the layer
-    before, which saved it first) and the largest backward working memory of its layers
-    (`backward_work_bytes`), counted as if it coincided with all the segment's activations.
-    """
-    n = len(act_bytes)
-    if not (len(out_bytes) == len(work_bytes) == n):
-        raise ValueError(f"act_bytes, out_bytes and work_bytes need one entry per layer; got "
-                         f"lengths {n}, {len(out_bytes)}, {len(work_bytes)}")
-    starts = list(boundaries)
-    low = segmented_peak_bytes(starts, act_bytes, out_bytes, input_bytes)
-    kept, high = 0, 0
-    for a, b in zip(starts, starts[1:] + [n]):
-        own = input_bytes if a == 0 else out_bytes[a - 1]
-        high = max(high, kept + own + sum(act_bytes[a:b]) + max(work_bytes[a:b]))
-        kept += own
-    return low, high
-
-
 # ------------------------------------------------------------------------- the exact step model
 HEAD_BYTES = 8  # `.float().sum()` and the gradient of that sum: two fp32 scalars
 
