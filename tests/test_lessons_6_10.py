@@ -83,22 +83,12 @@ def _bisect(n):
     return max(1 + m2, m1), r1 + r2 + h
 
 
-class _Count(nn.Module):
-    def __init__(self, calls):
-        super().__init__()
-        self.lin, self.calls = nn.Linear(4, 4), calls
-
-    def forward(self, x):
-        self.calls.append(1)
-        return torch.tanh(self.lin(x))
-
-
-def _forwards_by_running(n):
-    from ckpt_lab import checkpoint_recursive
-    calls = []
-    layers = [_Count(calls) for _ in range(n)]
-    checkpoint_recursive(layers, torch.randn(2, 4, requires_grad=True)).sum().backward()
-    return len(calls)
+def _measured_plan_for_budget():
+    """The fitting plan of least recompute, found by measuring plans in order of last start."""
+    layers, x, budget = exercises.budget_chain()
+    for plan in sorted(_all_plans(len(layers)), key=lambda p: p[-1]):
+        if widgets.measure_plan_peak(layers, x, plan) <= budget:
+            return plan
 
 
 def _rng_by_torch():
@@ -118,7 +108,7 @@ def _rng_by_torch():
 A, O = exercises.SHRINKING_ACT, exercises.SHRINKING_OUT
 RIGHT_WRONG = {
     "06.plan_recompute": (_brute_force_min_recompute(A, O, 14), len(A)),
-    "06.bisection_forwards": (_forwards_by_running(32), 32 + 16),
+    "06.plan_for_budget": (_measured_plan_for_budget(), [0]),
     "06.bisection_peak": (_bisect(64)[0], 15),
     "10.minimum_budget": (_brute_force_least_budget(A, O), sum(A)),
     "10.rng_replay": (_rng_by_torch(), not _rng_by_torch()),
