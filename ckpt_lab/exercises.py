@@ -9,6 +9,7 @@ Expected answers are never typed in: each is computed when checked, from
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -535,13 +536,55 @@ def _plan_recompute(answer):
                    "fits; try planner.optimal_segments(act, out, [1] * 12, 14).")
 
 
-def _bisection_forwards(answer):
-    expected = 32 + formulas.bisection_cost(32, 1, 1).recompute_layers
-    return _close(answer, expected, 1e-9,
-                  "Too few: besides the 32 forwards, each layer is re-run once per level at "
-                  "which it lies in a first half: (L/2) log2 L recomputed layers.",
-                  "Too many: the second half of each split is not checkpointed at that level; "
-                  "(L/2) log2 L layers are recomputed, on top of the 32 forwards.")
+def budget_chain():
+    """Lesson 6, exercise 2: eight Linear -> GELU layers of unequal width, their input, and a
+    budget for one step's peak (bytes, as track_memory counts them)."""
+    torch.manual_seed(0)
+    widths = [64, 512, 64, 384, 32, 512, 64, 256, 16]
+    layers = [nn.Sequential(nn.Linear(a, b), nn.GELU()) for a, b in zip(widths, widths[1:])]
+    x = torch.randn(128, 64)
+    return layers, x, int(0.55 * _step_peak(layers, x, [0]))
+
+
+def _step_peak(layers, x, starts) -> int:
+    """Measured peak of checkpoint_sequential + .float().sum().backward(), grads allocated."""
+    from .checkpoint import checkpoint_sequential
+    from .memory import track_memory
+    for layer in layers:
+        for p in layer.parameters():
+            p.grad = torch.zeros_like(p)
+    with track_memory() as mem:
+        checkpoint_sequential(layers, x, boundaries=starts).float().sum().backward()
+    return mem.peak_bytes
+
+
+def _plan_for_budget(answer):
+    from .checkpoint import segment_starts
+    from .memory import profile_layers
+    from .planner import optimal_segments
+    layers, x, budget = budget_chain()
+    if not isinstance(answer, (list, tuple)) or not all(
+            isinstance(b, int) and not isinstance(b, bool) for b in answer):
+        return False, "Answer a list of segment starts (layer indices), e.g. [0, 2, 5]."
+    try:
+        starts = segment_starts(len(layers), boundaries=list(answer))
+    except ValueError as e:
+        return False, str(e)
+    measured = _step_peak(layers, x, starts)
+    profile = [dataclasses.replace(p, forward_seconds=1.0)
+               for p in profile_layers(layers, x, repeats=1)]
+    best = optimal_segments(profile, budget)
+    if measured > budget:
+        return False, (f"{starts} measures {measured:,} bytes, over the budget of {budget:,}. "
+                       "Predict before you run: planner.step_peak_bytes(starts, profile) tells "
+                       "you which segment peaks; cut the wide layers finer or start the last "
+                       "segment later.")
+    if starts[-1] > best.boundaries[-1]:
+        return False, (f"{starts} fits ({measured:,} of {budget:,} bytes) but recomputes "
+                       f"{starts[-1]} layers; a plan that fits recomputes fewer. The last "
+                       "segment is never recomputed: start it as early as the budget allows.")
+    return True, (f"{starts} measures {measured:,} of {budget:,} bytes and recomputes "
+                  f"{starts[-1]} layers, the fewest any plan that fits can.")
 
 
 def _bisection_peak(answer):
@@ -559,9 +602,11 @@ EXERCISES.update({e.key: e for e in [
              "to run: under a budget of 14 units, how many layer forwards does the cheapest plan "
              "recompute?",
              _plan_recompute),
-    Exercise("06.bisection_forwards", "checkpoint_recursive on 32 identical layers: how many "
-             "layer forwards does one step run in all (forward plus recompute)?",
-             _bisection_forwards),
+    Exercise("06.plan_for_budget", "The chain of exercises.budget_chain() (eight Linear -> "
+             "GELU layers of unequal width, its input and a budget): choose segment starts so "
+             "that one step (checkpoint_sequential + .float().sum().backward()) measures within "
+             "the budget while recomputing as few layers as possible. Predict with "
+             "planner.step_peak_bytes first; the check measures.", _plan_for_budget),
     Exercise("06.bisection_peak", "64 identical layers, each keeping 1 unit, a kept input 1 "
              "unit: the peak of recursive bisection, in units (formulas.bisection_cost's model)?",
              _bisection_peak),
