@@ -14,6 +14,8 @@ matches a ``forward`` that runs the original one under ckpt_lab's `checkpoint`.
 * Tensor keyword arguments are passed to `checkpoint` positionally, so they get gradients under
   either implementation; other keyword arguments are bound as they are.
 * Whatever the block returns (a tensor, a tuple with ``None`` in it) comes back unchanged.
+* A block called with ``use_cache=True`` or a key/value cache is refused while grad is on:
+  the recompute would write the cache twice and the cache would pin what checkpointing frees.
 
 `plan_modules` profiles the matched blocks in one step and asks `planner.optimal_segments`
 which of them to checkpoint for a memory budget; the answer is a predicate for
@@ -30,6 +32,7 @@ from torch import nn
 from .checkpoint import IMPLS, checkpoint
 
 _MARK = "_ckpt_lab_original_forward"
+CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past")
 
 
 @dataclass
@@ -101,10 +104,23 @@ def matched_modules(model: nn.Module, select) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def _refuse_cache(kwargs):
+    """A block that writes a key/value cache would write it again when backward recomputes it."""
+    cached = [k for k in CACHE_KWARGS if kwargs.get(k) is not None]
+    if kwargs.get("use_cache") is True or cached:
+        raise ValueError(
+            f"a checkpointed block was called with {'use_cache=True' if not cached else cached[0]}: "
+            "its key/value cache would keep every layer's keys and values alive (what "
+            "checkpointing frees) and the recompute in backward would append them to the cache a "
+            "second time. Train with use_cache=False (model(..., use_cache=False) or "
+            "model.config.use_cache = False); generation under torch.no_grad() is unaffected.")
+
+
 def _checkpointed_forward(original, impl, preserve_rng_state, policy):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
+        _refuse_cache(kwargs)
         keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
         rest = {k: v for k, v in kwargs.items() if k not in keys}
         n = len(args)

@@ -118,7 +118,7 @@ class KwBlock(nn.Module):
         self.fc = nn.Linear(width, width)
         self.drop = nn.Dropout(0.3)
 
-    def forward(self, x, bias=None, scale=1.0, output_extra=False):
+    def forward(self, x, bias=None, scale=1.0, output_extra=False, **unused):
         y = self.drop(torch.tanh(self.fc(x))) * scale
         if bias is not None:
             y = y + bias
@@ -241,6 +241,19 @@ def test_errors_say_what_to_do():
         checkpoint_modules(model, Block)
     handle.remove()
     checkpoint_modules(model, Block).remove()
+
+
+def test_a_block_writing_a_cache_is_refused_while_training():
+    model = KwModel()
+    block = model.blocks[0]
+    h = torch.randn(2, 16)
+    with checkpoint_modules(model, KwBlock):
+        with pytest.raises(ValueError, match="use_cache=False"):
+            block.forward(h, use_cache=True)
+        with pytest.raises(ValueError, match="past_key_values"):
+            block.forward(h, past_key_values=object())
+        with torch.no_grad():                      # generation: nothing is recomputed
+            block.forward(h, past_key_values=None)
 
 
 def test_reentrant_with_frozen_input_fails_loudly():
