@@ -204,16 +204,54 @@ def _first_tensor(tree):
     return None
 
 
-def profile_modules(model: nn.Module, select, step) -> tuple[list[BlockProfile], int, int]:
+def _all_tensors(tree) -> list:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (list, tuple)):
+        return [t for item in tree for t in _all_tensors(item)]
+    if isinstance(tree, dict):
+        return _all_tensors(list(tree.values()))
+    return []
+
+
+@dataclass
+class ModuleProfile:
+    """The matched blocks of one step, in call order, and what sits outside them.
+
+    ``input_bytes``: the first block's input. ``other_saved_bytes``: saved for backward outside
+    every block (embeddings, head, loss, and the blocks' shared arguments).
+    ``shared_args_bytes``: tensor arguments after the first (masks, position ids) that nothing
+    saves, yet a checkpoint keeps alive as inputs of its recompute.
+    """
+
+    blocks: list[BlockProfile]
+    input_bytes: int
+    other_saved_bytes: int
+    shared_args_bytes: int
+
+    def checkpoint_saving_bytes(self, names) -> int:
+        """Predicted bytes alive after the forward that checkpointing the named blocks frees."""
+        chosen = [b for b in self.blocks if b.name in set(names)]
+        if not chosen:
+            return 0
+        kept = [self.input_bytes if i == 0 else self.blocks[i - 1].out_bytes
+                for i, b in enumerate(self.blocks) if b in chosen]
+        return sum(b.act_bytes for b in chosen) - sum(kept) - self.shared_args_bytes
+
+
+def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     """Run ``step()`` (a forward, or forward and backward) once and profile the matched blocks.
 
     Every storage autograd saves is charged to the block that saved it first (parameters and
-    buffers are not activations and are skipped). Returns the blocks in call order, the bytes
-    of the first block's input, and the saved bytes outside every block (embeddings, head).
+    buffers are not activations and are skipped); a block's tensor arguments after the first
+    (attention masks, position embeddings) are shared and charged outside every block.
+    Profile a model that is not checkpointed: a checkpoint hides what it saves.
     """
     found = matched_modules(model, select)
     weights = {id(t.untyped_storage()) for t in list(model.parameters()) + list(model.buffers())}
     owner: dict[int, tuple[object, int]] = {}
+    shared: dict[int, torch.UntypedStorage] = {}
+    saved_anywhere: set[int] = set()
     state = {"block": None, "start": 0.0}
     stats: dict[str, dict] = {}
     order: list[str] = []
@@ -221,12 +259,19 @@ def profile_modules(model: nn.Module, select, step) -> tuple[list[BlockProfile],
     def pack(t):
         st = t.untyped_storage()
         key = id(st)
+        saved_anywhere.add(key)
         if key not in weights and key not in owner:
             owner[key] = (state["block"], st.nbytes(), st)
         return t
 
     def pre(name):
         def hook(module, args, kwargs):
+            # tensors besides the first (masks, position embeddings) are shared by every
+            # block and kept whether or not the block is checkpointed: not the block's own
+            for t in _all_tensors((args, kwargs))[1:]:
+                st = t.untyped_storage()
+                owner.setdefault(id(st), (None, st.nbytes(), st))
+                shared.setdefault(id(st), st)
             if name not in stats:
                 first = _first_tensor((args, kwargs))
                 stats[name] = {"in": first.untyped_storage().nbytes() if first is not None
@@ -264,7 +309,9 @@ def profile_modules(model: nn.Module, select, step) -> tuple[list[BlockProfile],
         else:
             act[block] += nbytes
     blocks = [BlockProfile(n, act[n], stats[n]["out"], stats[n]["seconds"]) for n in order]
-    return blocks, stats[order[0]]["in"], other
+    saved_keys = set(saved_anywhere)
+    unsaved = sum(st.nbytes() for k, st in shared.items() if k not in saved_keys)
+    return ModuleProfile(blocks, stats[order[0]]["in"], other - unsaved, unsaved)
 
 
 def plan_modules(model: nn.Module, select, step, budget_bytes) -> ModulePlan:
@@ -278,7 +325,8 @@ def plan_modules(model: nn.Module, select, step, budget_bytes) -> ModulePlan:
     """
     from . import planner
     from .formulas import segmented_peak_bytes
-    blocks, input_bytes, other = profile_modules(model, select, step)
+    prof = profile_modules(model, select, step)
+    blocks, input_bytes, other = prof.blocks, prof.input_bytes, prof.other_saved_bytes
     budget_bytes = float("inf") if budget_bytes is None else budget_bytes
     act, out = [b.act_bytes for b in blocks], [b.out_bytes for b in blocks]
     plan = planner.optimal_segments(act, out, [b.forward_seconds for b in blocks], budget_bytes,

@@ -268,7 +268,9 @@ def test_reentrant_with_frozen_input_fails_loudly():
 def test_matched_modules_in_call_order_and_profile():
     model = gpt(dropout=0.0)
     assert [n for n, _ in matched_modules(model, Block)] == ["chain.1", "chain.2", "chain.3"]
-    blocks, input_bytes, other = profile_modules(model, Block, lambda: model(IDX, TGT))
+    prof = profile_modules(model, Block, lambda: model(IDX, TGT))
+    blocks, input_bytes, other = prof.blocks, prof.input_bytes, prof.other_saved_bytes
+    assert prof.shared_args_bytes == 0
     assert [b.name for b in blocks] == ["chain.1", "chain.2", "chain.3"]
     assert input_bytes == 2 * 16 * 32 * 4
     assert all(b.out_bytes == input_bytes for b in blocks)
@@ -280,7 +282,7 @@ def test_plan_modules_meets_its_budget_when_measured():
     model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=6, n_head=2, n_embd=32,
                           dropout=0.0))
     step = lambda: model(IDX, TGT)  # noqa: E731
-    blocks, _, _ = profile_modules(model, Block, step)
+    blocks = profile_modules(model, Block, step).blocks
     total = sum(b.act_bytes for b in blocks)
     budget = total // 2
     plan = plan_modules(model, Block, step, budget)
