@@ -46,8 +46,8 @@ def _transformers():
 
 def tiny_model(kind: str = "llama", layers: int = 4, hidden: int = 64, heads: int = 4,
                kv_heads: int = 2, seq: int = 64, vocab: int = 256, dropout: float | None = None,
-               seed: int = 0) -> nn.Module:
-    """A small causal LM from a config with random weights, in training mode.
+               seed: int = 0, device=None) -> nn.Module:
+    """A small causal LM from a config with random weights, in training mode, on ``device``.
 
     ``"llama"``: RMSNorm, rotary positions, grouped-query attention (``kv_heads``), SwiGLU MLP.
     ``"gpt2"``: LayerNorm, learned positions, GELU MLP, dropout 0.1 by default.
@@ -71,7 +71,7 @@ def tiny_model(kind: str = "llama", layers: int = 4, hidden: int = 64, heads: in
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)
-    return model.train()
+    return model.to(device).train()
 
 
 def blocks(model: nn.Module) -> nn.ModuleList:
@@ -118,9 +118,10 @@ def disable_checkpointing(model) -> None:
      or model.gradient_checkpointing_disable)()
 
 
-def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> torch.Tensor:
+def token_batch(batch: int, seq: int, vocab: int, seed: int = 0, device=None) -> torch.Tensor:
     """Random token ids (B, T), reproducible."""
-    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    return ids.to(device)
 
 
 @dataclass
@@ -227,8 +228,11 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int = 4, alpha: float = 8.0):
         super().__init__()
         self.base = base.requires_grad_(False)
-        self.A = nn.Parameter(torch.randn(rank, base.in_features) / math.sqrt(base.in_features))
-        self.B = nn.Parameter(torch.randn(base.out_features, rank) * 0.01)
+        w = base.weight
+        self.A = nn.Parameter(torch.randn(rank, base.in_features, device=w.device,
+                                          dtype=w.dtype) / math.sqrt(base.in_features))
+        self.B = nn.Parameter(torch.randn(base.out_features, rank, device=w.device,
+                                          dtype=w.dtype) * 0.01)
         self.scale = alpha / rank
 
     def forward(self, x):
