@@ -1,0 +1,101 @@
+"""`distributed.launch`: return values by rank, a failing rank's traceback, a hanging rank
+killed at the timeout, and no process left behind in any case."""
+import os
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from ckpt_lab import distributed
+
+
+def _children() -> set[int]:
+    """Our child processes, less multiprocessing's resource tracker (started by the first
+    spawn, it lives as long as this process by design)."""
+    out = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(c.cmdline()):
+                out.add(c.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+# rank functions: top level of an importable module, as spawn requires
+def rank_sum(scale):
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), scale * t.item(), torch.get_num_threads(), \
+        os.getpid()
+
+
+def rank_one_raises():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one is broken on purpose")
+    dist.barrier()          # rank 0 would wait here forever without launch's cleanup
+
+
+def rank_one_hangs():
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    return dist.get_rank()
+
+
+def test_return_values_by_rank_and_one_thread_each():
+    before = _children()
+    out = distributed.launch(rank_sum, 10.0, world_size=2, timeout=60)
+    assert [o[:3] for o in out] == [(0, 2, 30.0), (1, 2, 30.0)]
+    assert all(o[3] == 1 for o in out)
+    assert all(o[4] != os.getpid() for o in out) and out[0][4] != out[1][4]
+    assert _children() == before
+    assert not any(psutil.pid_exists(o[4]) and psutil.Process(o[4]).status() != "zombie"
+                   for o in out)
+
+
+def test_a_rank_that_raises_is_reraised_with_its_traceback():
+    before = _children()
+    start = time.monotonic()
+    with pytest.raises(distributed.RankError) as info:
+        distributed.launch(rank_one_raises, world_size=2, timeout=60)
+    assert info.value.rank == 1
+    assert "rank one is broken on purpose" in str(info.value)
+    assert "rank_one_raises" in info.value.remote_traceback      # the rank's own frames
+    assert time.monotonic() - start < 45                          # rank 0 was not waited for
+    assert _children() == before
+
+
+def test_a_rank_that_hangs_is_killed_at_the_timeout():
+    before = _children()
+    start = time.monotonic()
+    with pytest.raises(distributed.RankTimeout) as info:
+        distributed.launch(rank_one_hangs, world_size=2, timeout=8)
+    assert info.value.ranks == [1]
+    assert time.monotonic() - start < 25
+    assert _children() == before
+
+
+def test_functions_spawn_cannot_import_are_refused_with_advice():
+    def local(x):
+        return x
+    for fn in (local, lambda: 0):
+        with pytest.raises(ValueError, match="importable"):
+            distributed.launch(fn)
+    with pytest.raises(ValueError, match="world_size"):
+        distributed.launch(rank_sum, 1.0, world_size=0)
+
+
+def test_ctrl_c_in_the_caller_ends_every_rank():
+    import _thread
+    import threading
+    before = _children()
+    timer = threading.Timer(6.0, _thread.interrupt_main)     # what Ctrl-C / Jupyter's stop does
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            distributed.launch(rank_one_hangs, world_size=2, timeout=60)
+    finally:
+        timer.cancel()
+    assert _children() == before
