@@ -1,16 +1,18 @@
 """Run a function on several local processes joined in a `torch.distributed` process group.
 
-`launch(fn, *args, world_size=2)` is what `torchrun` does for one machine, small enough to read:
-it picks a free TCP port, starts `world_size` processes with the *spawn* start method, and in
-each one sets the rank's environment, joins the process group (gloo on CPU, NCCL when every
-rank has its own GPU), calls ``fn(*args)`` and sends the pickled result back over a pipe.
+`launch(fn, *args, world_size=2)` is what `torchrun` does on one machine, small enough to read:
+it picks a free TCP port and starts `world_size` fresh Python interpreters (spawned, never
+forked); each one sets its rank's environment, joins the process group (gloo on CPU, NCCL when
+every rank has its own GPU), calls ``fn(*args)`` and sends the pickled result back over a pipe.
 
-Spawn starts a fresh Python interpreter, so the child cannot see the caller's variables: it
-receives ``fn`` *by name* (module and qualified name) and imports it. A function defined in a
-notebook cell or in a script's ``__main__`` has no module another interpreter can import, so
-`launch` refuses it up front and says where to put it (the lesson's own rank functions live in
-`ckpt_lab.scale_out`). Spawn rather than fork because a forked child inherits the parent's
-threads and CUDA state half-initialised; spawn is the one start method that works everywhere.
+A fresh interpreter cannot see the caller's variables: it receives ``fn`` *by name* (module and
+qualified name) and imports it. A function defined in a notebook cell or in a script's
+``__main__`` has no module another interpreter can import, so `launch` refuses it up front and
+says where to put it (the lesson's own rank functions live in `ckpt_lab.scale_out`). Why not
+fork, which would copy the caller, cell functions included? A forked child inherits the parent's
+threads (OpenMP pools, Jupyter's) and any CUDA state half-initialised, and either can hang it;
+spawning is the start method that works everywhere. Unlike `multiprocessing`'s spawn, the
+children here never re-run the caller's script, so a script needs no ``__main__`` guard.
 
 Whatever happens (a rank raises, a rank hangs past ``timeout``, the caller presses Ctrl-C),
 every process `launch` started is ended before it returns or raises, and a failing rank's own
@@ -22,9 +24,12 @@ import datetime
 import os
 import pickle
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 import traceback
-from multiprocessing import connection, get_context
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import torch
@@ -67,38 +72,38 @@ def default_backend(world_size: int) -> str:
 
 
 def _check_importable(fn):
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", ""))
     if not callable(fn):
         raise TypeError(f"launch needs a function, got {fn!r}")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", ""))
     if module in (None, "__main__", "__mp_main__") or "<locals>" in qualname \
             or "<lambda>" in qualname:
         raise ValueError(
             f"launch cannot send {qualname or fn!r} (module {module!r}) to the new processes: "
-            "spawn starts fresh interpreters that import the function by module and name, and "
+            "each is a fresh interpreter that imports the function by module and name, and "
             "a function defined in a notebook cell, a script's __main__, a lambda or another "
             "function has no importable name. Put it at the top level of a .py module on the "
             "path (like ckpt_lab.scale_out) and import it from there.")
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float, fn, args,
-            conn) -> None:
-    """Runs in each child: join the group, call fn, send ("ok", result) or ("error", traceback)."""
+def _rank_main() -> None:
+    """Entry point of each rank (``python -c``): read the job from stdin, run it, send the result."""
     torch.set_num_threads(1)                # ranks share the cores: one thread each
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    joined = False
+    out = Connection(int(sys.argv[1]), readable=False)
+    rank, joined = int(os.environ["RANK"]), False
     try:
+        sys.path[:] = pickle.load(sys.stdin.buffer)   # the caller's path, so fn can be imported
+        fn, args, backend, timeout = pickle.load(sys.stdin.buffer)
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
                                 timeout=datetime.timedelta(seconds=timeout))
         joined = True
         payload = pickle.dumps(("ok", fn(*args)))   # plain pickle: tensors travel as bytes
     except BaseException:                   # noqa: BLE001 -- every failure goes to the caller
         payload = pickle.dumps(("error", traceback.format_exc()))
-    conn.send_bytes(payload)                # before leaving the group, which may wait on peers
-    conn.close()
+    out.send_bytes(payload)                 # before leaving the group, which may wait on peers
+    out.close()
     if joined:
         dist.destroy_process_group()
 
@@ -107,16 +112,24 @@ def _end(processes, grace: float = 0.0) -> None:
     """Give the processes `grace` seconds to exit, then terminate, kill and reap them all."""
     deadline = time.monotonic() + grace
     for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
     for p in processes:
-        if p.is_alive():
+        if p.poll() is None:
             p.terminate()
-    deadline = time.monotonic() + 3.0
     for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
+        try:
+            p.wait(3.0)
+        except subprocess.TimeoutExpired:
             p.kill()
-            p.join()
+            p.wait()
+
+
+def _tail(path: str, chars: int = 3000) -> str:
+    text = Path(path).read_text(errors="replace")
+    return text[-chars:] if text.strip() else "(nothing on stderr)"
 
 
 def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
@@ -125,7 +138,7 @@ def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
     values, by rank. A rank's exception is re-raised here as `RankError` with its traceback;
     ranks still running after `timeout` seconds are killed (`RankTimeout`)."""
     _check_importable(fn)
-    if not isinstance(world_size, int) or world_size < 1:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -133,32 +146,45 @@ def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(f"backend='nccl' needs a GPU per rank: {world_size} ranks, "
                          f"{torch.cuda.device_count()} GPUs; use backend='gloo'")
-    ctx = get_context("spawn")
+    job = pickle.dumps((fn, args, backend, timeout))
     port = free_port()
-    processes, readers, finished = [], {}, False
+    processes, readers, logs, finished = [], {}, [], False
     try:
         for rank in range(world_size):
-            read, write = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, name=f"ckpt_lab-rank{rank}", daemon=True,
-                            args=(rank, world_size, port, backend, timeout, fn, args, write))
-            p.start()
-            write.close()                    # the child holds the only writing end now
+            read_fd, write_fd = os.pipe()
+            log = tempfile.NamedTemporaryFile("w+b", prefix=f"ckpt_lab-rank{rank}-",
+                                              suffix=".log", delete=False)
+            logs.append(log.name)
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                       OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            try:
+                p = subprocess.Popen(
+                    [sys.executable, "-c", "from ckpt_lab.distributed import _rank_main; "
+                     "_rank_main()", str(write_fd)], stdin=subprocess.PIPE, stderr=log,
+                    pass_fds=(write_fd,), env=env)
+            finally:
+                os.close(write_fd)          # the child holds the only writing end now
+                log.close()
             processes.append(p)
-            readers[read] = rank
+            readers[Connection(read_fd, writable=False)] = rank
+            p.stdin.write(pickle.dumps(list(sys.path)) + job)
+            p.stdin.close()
         results: dict[int, object] = {}
         deadline = time.monotonic() + timeout
         while readers:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RankTimeout(sorted(readers.values()), timeout)
-            for read in connection.wait(list(readers), timeout=min(left, 1.0)):
+            for read in wait(list(readers), timeout=min(left, 1.0)):
                 rank = readers.pop(read)
                 try:
                     kind, value = pickle.loads(read.recv_bytes())
                 except EOFError:
-                    processes[rank].join(1.0)
+                    processes[rank].wait(3.0)
                     raise RankError(rank, f"the process died without a result (exit code "
-                                          f"{processes[rank].exitcode})") from None
+                                          f"{processes[rank].returncode}); its stderr:\n"
+                                          f"{_tail(logs[rank])}") from None
                 finally:
                     read.close()
                 if kind == "error":
@@ -170,6 +196,8 @@ def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
         for read in readers:
             read.close()
         _end(processes, grace=5.0 if finished else 0.0)
+        for name in logs:
+            Path(name).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------- inside a rank
