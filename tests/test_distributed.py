@@ -71,9 +71,10 @@ def test_a_rank_that_hangs_is_killed_at_the_timeout():
     before = _children()
     start = time.monotonic()
     with pytest.raises(distributed.RankTimeout) as info:
-        distributed.launch(rank_one_hangs, world_size=2, timeout=8)
-    assert info.value.ranks == [1]
-    assert time.monotonic() - start < 25
+        distributed.launch(rank_one_hangs, world_size=2, timeout=12)
+    assert 1 in info.value.ranks      # (rank 0 too, if a busy machine kept it from starting)
+    assert "did not finish within 12 s" in str(info.value)
+    assert time.monotonic() - start < 12 + 15
     assert _children() == before
 
 
