@@ -23,8 +23,9 @@ import torch.distributed as dist
 from torch import nn
 
 from .distributed import peak_rss_bytes
-from .memory import phase, track_memory
+from .memory import current_phase, track_memory
 from .models import build_model
+from .modules import checkpoint_modules
 
 
 def _my_rows(t: torch.Tensor) -> torch.Tensor:
@@ -170,13 +171,8 @@ class _Probe(torch.utils._python_dispatch.TorchDispatchMode):
         if total > self.peak_bytes:
             self.peak_bytes = total
             self.at_peak = {"tracked": self.log.current_bytes, "gathered": gathered,
-                            "op": func.__name__, "phase": _phase_now()}
+                            "op": func.__name__, "phase": current_phase()}
         return out
-
-
-def _phase_now() -> str:
-    from .memory import current_phase
-    return current_phase()
 
 
 def _fsdp_params(model) -> list:
@@ -209,7 +205,7 @@ def apply_checkpointing(model, how: str):
     if how == "none":
         return model
     if how == "ckpt_lab":
-        _checkpoint_modules()(model, Block, impl="hooks")
+        checkpoint_modules(model, Block, impl="hooks")
     elif how == "torch":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
@@ -220,22 +216,6 @@ def apply_checkpointing(model, how: str):
     else:
         raise ValueError(f"checkpointing must be 'none', 'ckpt_lab' or 'torch', got {how!r}")
     return model
-
-
-def _checkpoint_modules():
-    """ckpt_lab.checkpoint_modules, or until it lands a stand-in that gives each selected
-    module a forward running the original one under ckpt_lab.checkpoint."""
-    import ckpt_lab
-    from .checkpoint import checkpoint
-    if hasattr(ckpt_lab, "checkpoint_modules"):
-        return ckpt_lab.checkpoint_modules
-
-    def stand_in(model, select, impl="hooks"):
-        for m in model.modules():
-            if isinstance(m, select):
-                m.forward = functools.partial(checkpoint, type(m).forward.__get__(m),
-                                              impl=impl)
-    return stand_in
 
 
 def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers") -> dict:
