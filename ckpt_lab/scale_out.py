@@ -5,6 +5,7 @@ interpreter that imports the function it runs by name (see `ckpt_lab.distributed
 builds the same seeded GPT on every rank, takes its share of a global batch the caller passes
 in, runs one measured training step and returns plain numbers (and tensors) to the caller:
 
+* `whoami`: each rank says who it is, after an all-reduce.
 * `ddp_step`: `DistributedDataParallel`, with or without checkpointing, loss and gradients.
 * `ddp_pitfalls`: reentrant checkpointing under DDP, the failures and their fixes.
 * `fsdp_step`: FSDP2 (`fully_shard`) with no checkpointing, ckpt_lab's checkpoint or PyTorch's
@@ -28,17 +29,36 @@ from .models import build_model
 from .modules import checkpoint_modules
 
 
+def device() -> torch.device:
+    """This rank's device: its own GPU under NCCL, the CPU under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _my_rows(t: torch.Tensor) -> torch.Tensor:
-    """This rank's equal share of a global batch (rows split in rank order)."""
+    """This rank's equal share of a global batch (rows split in rank order), on its device."""
     n, r = dist.get_world_size(), dist.get_rank()
     if t.size(0) % n:
         raise ValueError(f"a global batch of {t.size(0)} rows does not split into {n} ranks")
-    return t.chunk(n)[r]
+    return t.chunk(n)[r].to(device())
 
 
 def _flat_grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()
+    """Every parameter's gradient, copied to the CPU (what goes back to the caller)."""
+    return {name: p.grad.detach().to("cpu", copy=True) for name, p in model.named_parameters()
             if p.grad is not None}
+
+
+def whoami() -> dict:
+    """Who this process is: rank, world size, backend, device, process id, threads, and the
+    sum of every rank's number (an all-reduce: proof the group talks)."""
+    import os
+    total = torch.tensor([float(dist.get_rank())], device=device())
+    dist.all_reduce(total)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(), "device": str(device()), "pid": os.getpid(),
+            "threads": torch.get_num_threads(), "sum_of_ranks": total.item()}
 
 
 def single_step(cfg, x, y, policy="none", impl: str | None = None) -> tuple[float, dict]:
@@ -54,9 +74,10 @@ def ddp_step(cfg, x, y, policy="none", impl: str | None = None, **ddp_options) -
     """One DDP step on this rank's rows: global mean loss, gradients (rank 0), and bytes:
     DDP's buckets, the forward + backward peak (gradients allocated before), Adam's states."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    model = build_model(cfg, policy=policy, impl=impl)
+    model = build_model(cfg, policy=policy, impl=impl).to(device())
+    ids = [device().index] if device().type == "cuda" else None
     with track_memory() as made:
-        ddp = DDP(model, **ddp_options)
+        ddp = DDP(model, device_ids=ids, **ddp_options)
     bucket_bytes = made.current_bytes
     xr, yr = _my_rows(x), _my_rows(y)
     for p in model.parameters():            # gradients exist before the step (lesson 7)
@@ -125,10 +146,11 @@ def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
     from torch.nn.parallel import DistributedDataParallel as DDP
     rows = []
     for label, impl, options, frozen in PITFALLS:
-        model = build_model(cfg, policy="none" if frozen else "every", impl=impl)
+        model = build_model(cfg, policy="none" if frozen else "every", impl=impl).to(device())
         if frozen:
             _frozen_embedding_ckpt(model, impl)
-        ddp = DDP(model, **options)
+        ids = [device().index] if device().type == "cuda" else None
+        ddp = DDP(model, device_ids=ids, **options)
         row = {"case": label, "outcome": "ok", "losses": [], "error": "", "missing_grads": 0}
         try:
             with warnings.catch_warnings():
@@ -222,8 +244,11 @@ def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers") -> 
     """FSDP2 (`fully_shard`), every layer of the GPT its own unit (units="layers") or the
     whole model one unit ("root"): one warm-up step, then one measured forward + backward.
     Per-rank bytes by kind, the loss, the unit sizes and the number of all-gathers."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    model = apply_checkpointing(build_model(cfg, policy="none"), checkpointing)
+    mesh = init_device_mesh(device().type, (dist.get_world_size(),))
+    fully_shard = functools.partial(fully_shard, mesh=mesh)
+    model = apply_checkpointing(build_model(cfg, policy="none").to(device()), checkpointing)
     layers = list(model.chain)              # checkpoint first, then shard (see the lesson)
     if units == "layers":
         for unit in layers:                 # bottom-up: each layer's parameters form a unit,
@@ -319,7 +344,7 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
     Returns this stage's loss sum, peak, the bytes it stashes per micro-batch and the most
     micro-batches it had in flight."""
     stages, rank = dist.get_world_size(), dist.get_rank()
-    model = build_model(cfg, policy="none")
+    model = build_model(cfg, policy="none").to(device())
     layers = model.layers()
     start, end = stage_layers(model, stages, rank)
     mine = cut_segments(segments, start, end)
@@ -332,7 +357,7 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
     if at < end:
         spans.append((at, end, False))
     last = rank == stages - 1
-    xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
+    xs, ys = x.to(device()).chunk(micro_batches), y.to(device()).chunk(micro_batches)
     shape = (xs[0].size(0), xs[0].size(1), cfg.n_embd)
     stash, losses, in_flight, most, stash_bytes = {}, 0.0, 0, 0, []
     for p in model.parameters():
@@ -347,7 +372,7 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
                 if rank == 0:
                     h = xs[i]
                 else:
-                    h = torch.empty(shape)
+                    h = torch.empty(shape, device=device())
                     dist.recv(h, src=rank - 1)
                     h.requires_grad_()
                 inp = h
