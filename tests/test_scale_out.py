@@ -177,3 +177,17 @@ def test_megatron_tensor_parallel_formula():
         sp = pf.megatron_tp_layer_bytes(s, b, h, a, t, sequence_parallel=True)
         assert sp == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
     assert pf.megatron_tp_layer_bytes(s, b, h, a, 1) == formulas.megatron_layer_bytes(s, b, h, a)
+
+
+@pytest.mark.parametrize("key, right, wrong", [
+    ("12.fsdp_state_gib", 1.3e9 * 16 / 8 / 2 ** 30, 1.3e9 * 20 / 2 ** 30),
+    ("12.stage_in_flight", 3, 8),
+    ("12.sp_over_tp", (34 + 5 * 96 * 2048 / 12288) / 8 / (10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8)),
+     1.0),
+])
+def test_lesson_12_exercises(key, right, wrong, capsys):
+    from ckpt_lab import exercises
+    assert exercises.check(key, right) is True
+    assert exercises.check(key, wrong) is False
+    assert "✗" in capsys.readouterr().out
+    assert exercises.check(key, None) is False
