@@ -4,6 +4,7 @@
 it picks a free TCP port and starts `world_size` fresh Python interpreters (spawned, never
 forked); each one sets its rank's environment, joins the process group (gloo on CPU, NCCL when
 every rank has its own GPU), calls ``fn(*args)`` and sends the pickled result back over a pipe.
+Ranks use one thread each, and gloo ranks see no GPU (they compute on the CPU).
 
 A fresh interpreter cannot see the caller's variables: it receives ``fn`` *by name* (module and
 qualified name) and imports it. A function defined in a notebook cell or in a script's
@@ -158,6 +159,8 @@ def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            if backend != "nccl":
+                env["CUDA_VISIBLE_DEVICES"] = ""   # CPU ranks: no CUDA context, no stray GPU use
             try:
                 p = subprocess.Popen(
                     [sys.executable, "-c", "from ckpt_lab.distributed import _rank_main; "

@@ -100,3 +100,18 @@ def test_ctrl_c_in_the_caller_ends_every_rank():
     finally:
         timer.cancel()
     assert _children() == before
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank")
+def test_nccl_with_a_gpu_per_rank():
+    from ckpt_lab import scale_out
+    out = distributed.launch(scale_out.whoami, world_size=2, timeout=120)
+    assert [o["backend"] for o in out] == ["nccl", "nccl"]
+    assert [o["device"] for o in out] == ["cuda:0", "cuda:1"]
+    assert all(o["sum_of_ranks"] == 1 for o in out)
+
+
+def test_gloo_ranks_see_no_gpu():
+    from ckpt_lab import scale_out
+    out = distributed.launch(scale_out.whoami, world_size=2, backend="gloo", timeout=60)
+    assert [o["device"] for o in out] == ["cpu", "cpu"] and out[0]["backend"] == "gloo"
