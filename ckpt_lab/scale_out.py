@@ -10,18 +10,22 @@ in, runs one measured training step and returns plain numbers (and tensors) to t
 * `ddp_pitfalls`: reentrant checkpointing under DDP, the failures and their fixes.
 * `fsdp_step`: FSDP2 (`fully_shard`) with no checkpointing, ckpt_lab's checkpoint or PyTorch's
   `checkpoint_wrapper`; per-rank bytes by kind.
-* `pipeline_step`: two pipeline stages with a 1F1B schedule over micro-batches.
+* `pipeline_step`: one pipeline stage per rank, plain send/recv, a GPipe or 1F1B schedule.
 
-`single_step` is the one-process reference run in the caller.
+`single_step` is the one-process reference run in the caller; `several` runs a list of these
+in one launch (one process start-up for a whole experiment).
 """
 from __future__ import annotations
 
 import functools
+import gc
+import os
 import warnings
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .distributed import peak_rss_bytes
 from .memory import current_phase, track_memory
@@ -44,7 +48,7 @@ def _my_rows(t: torch.Tensor) -> torch.Tensor:
     return t.chunk(n)[r].to(device())
 
 
-def _flat_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter's gradient, copied to the CPU (what goes back to the caller)."""
     return {name: p.grad.detach().to("cpu", copy=True) for name, p in model.named_parameters()
             if p.grad is not None}
@@ -53,7 +57,6 @@ def _flat_grads(model: nn.Module) -> dict[str, torch.Tensor]:
 def whoami() -> dict:
     """Who this process is: rank, world size, backend, device, process id, threads, and the
     sum of every rank's number (an all-reduce: proof the group talks)."""
-    import os
     total = torch.tensor([float(dist.get_rank())], device=device())
     dist.all_reduce(total)
     return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
@@ -66,7 +69,17 @@ def single_step(cfg, x, y, policy="none", impl: str | None = None) -> tuple[floa
     model = build_model(cfg, policy=policy, impl=impl)
     loss = model(x, y)
     loss.backward()
-    return loss.item(), _flat_grads(model)
+    return loss.item(), _grads(model)
+
+
+def several(calls) -> list:
+    """Run several (function, args) pairs one after the other in the same ranks: one launch,
+    one process start-up, for a whole experiment."""
+    out = []
+    for fn, args in calls:
+        out.append(fn(*args))
+        dist.barrier()
+    return out
 
 
 # ------------------------------------------------------------------------------------- DDP
@@ -78,14 +91,15 @@ def ddp_step(cfg, x, y, policy="none", impl: str | None = None, **ddp_options) -
     ids = [device().index] if device().type == "cuda" else None
     with track_memory() as made:
         ddp = DDP(model, device_ids=ids, **ddp_options)
-    bucket_bytes = made.current_bytes
+        gc.collect()                        # construction temporaries caught in reference cycles
+    bucket_bytes = made.current_bytes       # what DDP keeps: its gradient buckets
     xr, yr = _my_rows(x), _my_rows(y)
     for p in model.parameters():            # gradients exist before the step (lesson 7)
         p.grad = torch.zeros_like(p)
     with track_memory() as mem:
         loss = ddp(xr, yr)
         loss.backward()
-    grads = _flat_grads(model) if dist.get_rank() == 0 else None
+    grads = _grads(model) if dist.get_rank() == 0 else None
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     opt.step()
     mean = loss.detach().clone()
@@ -104,18 +118,9 @@ def _optimizer_bytes(opt) -> int:
                         if torch.is_tensor(t) and t.dim() > 0)
 
 
-def several(calls) -> list:
-    """Run several (function, args) pairs one after the other in the same ranks: one launch,
-    one process start-up, for a whole experiment."""
-    out = []
-    for fn, args in calls:
-        out.append(fn(*args))
-        dist.barrier()
-    return out
-
-
 def _frozen_embedding_ckpt(model, impl: str):
-    """Checkpoint every block with PyTorch's reentrant checkpoint, and freeze the embedding:
+    """Checkpoint every block with torch.utils.checkpoint (reentrant when impl="reentrant",
+    else not), and freeze the embedding:
     the blocks' input then needs no gradient (fine-tuning a model with frozen embeddings)."""
     for p in model.chain[0].parameters():
         p.requires_grad_(False)
@@ -168,7 +173,7 @@ def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------ FSDP
-class _Probe(torch.utils._python_dispatch.TorchDispatchMode):
+class _Probe(TorchDispatchMode):
     """After every op: tracked bytes plus the bytes of FSDP's unsharded parameters.
 
     FSDP2 allocates each unit's unsharded (all-gathered) parameters once and afterwards frees
@@ -406,4 +411,4 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
                 in_flight -= 1
     return {"rank": rank, "layers": (start, end), "spans": spans, "loss": losses,
             "peak_bytes": mem.peak_bytes, "stash_bytes": stash_bytes, "in_flight": most,
-            "grads": _flat_grads(model), "rss_bytes": peak_rss_bytes()}
+            "grads": _grads(model), "rss_bytes": peak_rss_bytes()}
