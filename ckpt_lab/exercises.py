@@ -618,8 +618,11 @@ def _fsdp_state_gib(answer):
 
 
 def _stage_in_flight(answer):
-    from .parallel_formulas import in_flight
-    expected = in_flight("1f1b", 4, 1, 8)
+    from .scale_out import schedule
+    held, expected = 0, 0               # walk the schedule `pipeline_step` runs
+    for op, _ in schedule("1f1b", 4, 1, 8):
+        held += 1 if op == "F" else -1
+        expected = max(expected, held)
     value = _number(answer)
     if value == expected:
         return True, (f"{expected}: stage 1 runs {4 - 1 - 1} warm-up forwards, then one more "

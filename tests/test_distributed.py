@@ -12,16 +12,8 @@ from ckpt_lab import distributed
 
 
 def _children() -> set[int]:
-    """Our child processes, less multiprocessing's resource tracker (started by the first
-    spawn, it lives as long as this process by design)."""
-    out = set()
-    for c in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(c.cmdline()):
-                out.add(c.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    """The process ids of every process below this one."""
+    return {c.pid for c in psutil.Process().children(recursive=True)}
 
 
 # rank functions: top level of an importable module, as spawn requires
@@ -115,3 +107,17 @@ def test_gloo_ranks_see_no_gpu():
     from ckpt_lab import scale_out
     out = distributed.launch(scale_out.whoami, world_size=2, backend="gloo", timeout=60)
     assert [o["device"] for o in out] == ["cpu", "cpu"] and out[0]["backend"] == "gloo"
+
+
+def test_a_script_needs_no_main_guard(tmp_path):
+    """Ranks import fn by name and never re-run the caller's script."""
+    import subprocess
+    import sys
+    script = tmp_path / "job.py"
+    script.write_text("from ckpt_lab import distributed, scale_out\n"
+                      "print([r['rank'] for r in distributed.launch(scale_out.whoami)])\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[0, 1]"
