@@ -153,24 +153,23 @@ def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
     try:
         for rank in range(world_size):
             read_fd, write_fd = os.pipe()
-            log = tempfile.NamedTemporaryFile("w+b", prefix=f"ckpt_lab-rank{rank}-",
-                                              suffix=".log", delete=False)
-            logs.append(log.name)
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                       OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-            if backend != "nccl":
-                env["CUDA_VISIBLE_DEVICES"] = ""   # CPU ranks: no CUDA context, no stray GPU use
-            try:
-                p = subprocess.Popen(
-                    [sys.executable, "-c", "from ckpt_lab.distributed import _rank_main; "
-                     "_rank_main()", str(write_fd)], stdin=subprocess.PIPE, stderr=log,
-                    pass_fds=(write_fd,), env=env)
-            finally:
-                os.close(write_fd)          # the child holds the only writing end now
-                log.close()
-            processes.append(p)
             readers[Connection(read_fd, writable=False)] = rank
+            with tempfile.NamedTemporaryFile("w+b", prefix=f"ckpt_lab-rank{rank}-",
+                                             suffix=".log", delete=False) as log:
+                logs.append(log.name)
+                env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                           RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                           OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                if backend != "nccl":
+                    env["CUDA_VISIBLE_DEVICES"] = ""   # CPU ranks: no CUDA context, no stray GPU
+                try:
+                    processes.append(subprocess.Popen(
+                        [sys.executable, "-c", "from ckpt_lab.distributed import _rank_main; "
+                         "_rank_main()", str(write_fd)], stdin=subprocess.PIPE, stderr=log,
+                        pass_fds=(write_fd,), env=env))
+                finally:
+                    os.close(write_fd)      # the child holds the only writing end now
+        for p in processes:                 # every rank is starting; now hand each its job
             p.stdin.write(pickle.dumps(list(sys.path)) + job)
             p.stdin.close()
         results: dict[int, object] = {}
@@ -204,16 +203,6 @@ def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
 
 
 # --------------------------------------------------------------------- inside a rank
-def rank() -> int:
-    """This process's rank (0 outside a process group)."""
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def world_size() -> int:
-    """The number of ranks (1 outside a process group)."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def peak_rss_bytes() -> int:
     """This process's peak resident memory so far (Linux VmHWM; current RSS elsewhere)."""
     status = Path("/proc/self/status")
