@@ -123,15 +123,19 @@ class _Tracker(TorchDispatchMode):
         kwargs = kwargs or {}
         written = [(st, st.nbytes()) for st in _resizable_storages(func, args, kwargs)]
         out = func(*args, **kwargs)
-        for st, before in written:
-            self.resized(st, before)
-        self._record(func, args, kwargs, out)
+        grew = [self.resized(st, before) for st, before in written]
+        self._record(func, args, kwargs, out, any(grew))
         return out
 
-    def _record(self, func, args, kwargs, out):
+    def _record(self, func, args, kwargs, out, grew: bool = False):
         log = self.log
-        new = [(id(st), st) for st in new_storages(func, args, kwargs, out)
-               if id(st) not in self._refs and st.nbytes() > 0]
+        if func is _LIFT_FRESH:
+            # torch.tensor(data) builds its tensor below the dispatcher, then hands it to
+            # lift_fresh, whose output aliases it: the storage is new all the same.
+            made = [t.untyped_storage() for t in _tensors(out)]
+        else:
+            made = new_storages(func, args, kwargs, out)
+        new = [(id(st), st) for st in made if id(st) not in self._refs and st.nbytes() > 0]
         with self._lock:
             for key, st in new:
                 self._count(key, st, st.nbytes())
@@ -139,7 +143,7 @@ class _Tracker(TorchDispatchMode):
             log.timeline.append(TimelinePoint(log.num_ops, log.current_bytes, current_phase(),
                                               func.__name__))
             live = log.current_bytes
-        if new and log.limit_bytes is not None and live > log.limit_bytes:
+        if (new or grew) and log.limit_bytes is not None and live > log.limit_bytes:
             raise SimulatedOutOfMemoryError(live, log.limit_bytes, func.__name__)
 
     def _count(self, key: int, st, nbytes: int):
@@ -155,25 +159,27 @@ class _Tracker(TorchDispatchMode):
         log.peak_bytes_by_device[dev] = max(log.peak_bytes_by_device.get(dev, 0), by[dev])
         log.peak_bytes = max(log.peak_bytes, log.current_bytes)
 
-    def resized(self, st, before: int):
-        """Re-read the size of a storage that may have been resized from `before` bytes.
+    def resized(self, st, before: int) -> bool:
+        """Re-read the size of a storage that may have been resized from `before` bytes;
+        True if the books grew.
 
         Growth is counted (all of it for a storage made in the block, the growth alone for
         one made before); shrinking releases what was counted, down to 0 for ``resize_(0)``.
         """
         now = st.nbytes()
         if now == before:
-            return
+            return False
         key = id(st)
         with self._lock:
             entry = self._refs.get(key)
             counted = entry[1] if entry is not None else 0
             change = max(counted + now - before, 0) - counted
             if change == 0:
-                return
+                return False
             self._count(key, st, change)
             if self._refs[key][1] == 0:
                 del self._refs[key]
+        return change > 0
 
     def _freer(self, key: int):
         def free(_ref):
@@ -189,6 +195,9 @@ class _Tracker(TorchDispatchMode):
         """Stop listening for frees (the block is over; the log keeps its final numbers)."""
         with self._lock:
             self._refs.clear()
+
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
 # ------------------------------------------------- storages that change size under an op
@@ -353,76 +362,5 @@ class _CudaPeak:
         return None
 
 
-@dataclass
-class LayerProfile:
-    """What one layer of a chain costs: bytes kept for backward, output bytes, forward time."""
-
-    name: str
-    act_bytes: int
-    out_bytes: int
-    forward_seconds: float
-
-
-def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfile]:
-    """Profile a chain layer by layer: the input the planner and the formulas need.
-
-    `act_bytes[i]` counts the storages that layer i is first to save for backward (its own
-    intermediates, its output if it saves it, its input if no earlier layer saved that already),
-    so the sum over any run of layers is exactly what that run pins. `out_bytes[i]` is the size
-    of its output. Forward time is the median of `repeats` runs with grad enabled.
-    """
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    if isinstance(layers, torch.nn.Module):
-        named = list(layers.named_children())
-    else:
-        named = [(str(i), layer) for i, layer in enumerate(layers)]
-    if not named:
-        raise ValueError("profile_layers needs at least one layer")
-    saved: dict[int, torch.UntypedStorage] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        saved.setdefault(id(st), st)
-        return t
-
-    log = MemoryLog()
-    tracker = _Tracker(log)
-    x = x.detach().requires_grad_(x.is_floating_point())
-    graph, out, pinned_before = [], [], 0
-    try:
-        for name, layer in named:
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                layer(x)
-                if x.is_cuda:
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
-            with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                y = layer(x)
-            graph.append(y)
-            pinned = sum(tracker._refs[k][1] for k in saved if k in tracker._refs)
-            out.append(LayerProfile(name, pinned - pinned_before, y.untyped_storage().nbytes(),
-                                    sorted(times)[len(times) // 2]))
-            pinned_before, x = pinned, y
-    finally:
-        tracker.detach()
-    return out
-
-
-def backward_work_bytes(layers, x: torch.Tensor) -> list[int]:
-    """Per layer, the most bytes its backward holds beyond what its forward saved: the gradient
-    arriving at its output, the one it sends on, and any temporaries (measured, one layer at a
-    time; parameter gradients are allocated beforehand, so they are not counted)."""
-    out, h = [], x.detach()
-    for layer in list(layers):
-        for p in layer.parameters():
-            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
-        y = layer(h.detach().requires_grad_(h.is_floating_point()))
-        with track_memory() as log:
-            y.backward(torch.ones_like(y))
-        out.append(log.peak_bytes)
-        h = y.detach()
-        del y
-    return out
+# The layer profiler lives in its own module; these names stay importable from here.
+from .profile import LayerProfile, backward_work_bytes, profile_layers  # noqa: E402,F401

@@ -40,7 +40,9 @@ def _save_matmuls(op, *args, **kwargs):
 
 
 RIGHT = {
-    "01.adam_mixed_bytes": (2 + 2 + 4 + 4 + 4, 17),
+    # blocks: 3 x Linear(64, 64) with bias; head Linear(64, 256) with bias; embedding frozen
+    "01.frozen_adamw_bytes": (8 * (3 * (64 * 64 + 64) + 64 * 256 + 256),
+                              8 * (3 * (64 * 64 + 64) + 64 * 256 + 256 + 256 * 64)),
     "01.block_activation_bytes": (8 * 64 * 512 * 4, 2 * 8 * 64 * 512 * 4),
     "01.adam_fp32_7b": (7e9 * 16 / 2 ** 30, 7e9 * 16 / 1e9 * 2),
     "02.my_checkpoint": (_torch_checkpoint, lambda fn, x: fn(x)),

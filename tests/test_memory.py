@@ -224,6 +224,16 @@ def test_cuda_peak_logic_without_resetting_statistics(monkeypatch):
     assert mem.cuda_peak_bytes == 50 and fake.resets == 1
 
 
+def test_tensors_built_from_python_data_are_counted():
+    # torch.tensor(...) makes its storage below the dispatcher and passes it through
+    # lift_fresh, which returns an alias: still a new allocation (AdamW's step counters).
+    with track_memory() as mem:
+        t = torch.tensor([1.0, 2.0, 3.0])
+        s = torch.tensor(0.0)
+    assert mem.current_bytes == 3 * F32 + F32
+    del t, s
+
+
 def test_out_and_resize_growth_is_counted():
     a, b = torch.randn(256), torch.randn(256)
     with track_memory() as mem:
@@ -237,6 +247,13 @@ def test_out_and_resize_growth_is_counted():
         del c
         assert mem.current_bytes == 0
     assert mem.peak_bytes == 1024 * F32
+
+
+def test_growth_past_the_limit_raises():
+    c = torch.empty(0)
+    with pytest.raises(SimulatedOutOfMemoryError, match="resize_"):
+        with track_memory(limit_bytes=1000):
+            c.resize_(1000)                  # 4000 bytes
 
 
 def test_growth_of_a_storage_made_before_the_block_counts_the_growth_only():
