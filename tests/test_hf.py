@@ -101,3 +101,19 @@ def test_reentrant_trap_with_frozen_inputs():
 def test_unknown_kind():
     with pytest.raises(ValueError, match="kind"):
         hf.tiny_model("bert")
+
+
+def test_lesson_11_exercises_right_wrong_and_unanswered(capsys):
+    from ckpt_lab import exercises
+    assert exercises.keys(11) == ["11.kv_cache_mib", "11.trap_adapters", "11.compiled_kept_mib"]
+    # worked out independently: 2 (K, V) x 8 layers x 4 x 1024 tokens x 2 KV heads x 64 x 2 bytes
+    right_wrong = {"11.kv_cache_mib": (2 * 8 * 4 * 1024 * 2 * 64 * 2 / 2 ** 20, 64),
+                   "11.trap_adapters": (24 - 4, 24),
+                   "11.compiled_kept_mib": (2 * 8 * 512 * 256 * 4 / 2 ** 20, 4)}
+    for key, (right, wrong) in right_wrong.items():
+        assert exercises.check(key, right) is True
+        assert exercises.check(key, wrong) is False
+        assert exercises.check(key, None) is False
+        assert exercises.check(key, "many") is False
+    out = capsys.readouterr().out
+    assert out.count("✓") == 3 and out.count("not answered yet") == 3

@@ -303,3 +303,21 @@ def test_plan_modules_meets_its_budget_when_measured():
     assert plain_kept - kept == predicted_saving
     with pytest.raises(ValueError):
         plan_modules(model, Block, step, 10)
+
+
+def test_policy_is_passed_to_checkpoint():
+    model = gpt()
+    run = lambda: model(IDX, TGT)  # noqa: E731
+    plain = grads(model, run)
+    kept = {}
+    for policy in (None, "save_matmuls"):
+        with checkpoint_modules(model, Block, policy=policy):
+            assert same(plain, grads(model, run))
+            with track_memory() as mem:
+                loss = run()
+                kept[policy] = mem.current_bytes
+            del loss
+    with track_memory() as mem:
+        loss = run()
+        kept["plain"] = mem.current_bytes
+    assert kept[None] < kept["save_matmuls"] < kept["plain"]
