@@ -176,8 +176,8 @@ def swiglu_intermediate(hidden: int, multiplier: float = 1.0, multiple_of: int =
     return multiple_of * ((width + multiple_of - 1) // multiple_of)
 
 
-def _check_arch(hidden: int, heads: int, kv_heads, mlp: str, intermediate, attention=None):
-    """Validate the architecture options; returns (kv_heads, intermediate) with defaults filled."""
+def arch_options(hidden: int, heads: int, kv_heads, mlp: str, intermediate, attention=None):
+    """Check the architecture options; returns (kv_heads, intermediate) with defaults filled in."""
     _check_int("hidden", hidden, 1)
     _check_int("heads", heads, 1)
     if hidden % heads:
@@ -227,7 +227,7 @@ def transformer_layer_terms(seq: int, batch: int, hidden: int, heads: int,
     """
     for name, v in (("seq", seq), ("batch", batch)):
         _check_int(name, v, 1)
-    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate, attention)
+    kv, inter = arch_options(hidden, heads, kv_heads, mlp, intermediate, attention)
     d, m = act_bytes, mask_bytes
     sbh, as2b = seq * batch * hidden, heads * seq * seq * batch
     skv = seq * batch * kv * (hidden // heads)
@@ -276,7 +276,7 @@ def transformer_layer_weights(hidden: int, heads: int, kv_heads: int | None = No
     Each costs 2 FLOPs per token forward: a GPT layer's 12h^2 weights give Narayanan et al.'s
     24 b s h^2. GQA shrinks K and V to h x (kv_heads d_head); SwiGLU has three h x I matrices.
     """
-    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate)
+    kv, inter = arch_options(hidden, heads, kv_heads, mlp, intermediate)
     kv_dim = kv * (hidden // heads)
     return 2 * hidden * hidden + 2 * hidden * kv_dim + (2 if mlp == "gelu" else 3) * hidden * inter
 
@@ -296,7 +296,7 @@ def transformer_params(layers: int, hidden: int, heads: int, vocab: int, seq: in
     _check_int("seq", seq)
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
-    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate)
+    kv, inter = arch_options(hidden, heads, kv_heads, mlp, intermediate)
     weights = transformer_layer_weights(hidden, heads, kv, mlp, inter)
     if style == "gpt":
         biases = 2 * hidden + 2 * kv * (hidden // heads) + (inter if mlp == "gelu" else 2 * inter) \
