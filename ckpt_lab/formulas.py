@@ -207,7 +207,9 @@ def transformer_layer_terms(seq: int, batch: int, hidden: int, heads: int,
     * ``kv_heads`` (grouped-query attention, Ainslie et al. 2023): K and V get kv_heads heads.
       With ``attention="eager"`` they are repeated to all heads before the matmuls (Llama's
       ``repeat_kv``) and the repeated copies are what is saved, so GQA saves no activations
-      there; a fused kernel takes the kv heads as they are and K, V shrink by kv_heads/heads.
+      there; a fused kernel takes the kv heads as they are and K, V shrink by kv_heads/heads
+      (PyTorch: ``scaled_dot_product_attention(..., enable_gqa=True)``; both cases are
+      measured on a tiny Llama in tests/test_capacity.py).
     * ``attention="sdpa"`` (a fused kernel: FlashAttention, Dao et al. 2022, or PyTorch's
       ``scaled_dot_product_attention``): the s x s scores are never stored, so the a s^2 b
       terms go. The kernel keeps Q, K, V, its output O and one fp32 logsumexp per row (4 a s b
