@@ -468,8 +468,9 @@ def transformer_flops(layers: int, hidden: int, seq: int, batch: int, vocab: int
     Per layer forward: 24 b s h^2 (QKV, output projection, 4h MLP) + 4 b s^2 h (QK^T and
     softmax x V); logits 2 b s h V. Backward is twice the forward. `recompute="full"` adds one
     forward of `recomputed_layers` layers (default all of them); `"selective"` adds only the
-    attention core, 4 b s^2 h per layer. Without recompute and for all layers this is
-    72 b s L h^2 (1 + s / 6h + V / 12 h L), the paper's formula.
+    attention core, 4 b s^2 h per layer. With full recompute of all layers this is the paper's
+    96 b s L h^2 (1 + s / 6h + V / 16 L h); without recompute it is 72 b s L h^2
+    (1 + s / 6h + V / 12 h L), derived from it (the paper prints only the 96 form).
     """
     for name, v in (("layers", layers), ("hidden", hidden), ("seq", seq), ("batch", batch),
                     ("vocab", vocab)):
