@@ -184,8 +184,8 @@ def _modules_of(fn, leaves) -> list[nn.Module]:
                     v = cell.cell_contents
                 except ValueError:             # a cell not filled yet
                     continue
-                if isinstance(v, (nn.Module, list, tuple)):
-                    todo.append(v)
+                if isinstance(v, (nn.Module, list, tuple, functools.partial, types.MethodType)):
+                    todo.append(v)          # (a wrapped module's forward is a bound method)
             for name in _global_names(f.__code__):
                 v = f.__globals__.get(name)
                 if isinstance(v, nn.Module):
