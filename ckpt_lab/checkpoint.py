@@ -429,6 +429,9 @@ class _Saved:
                 and self.holder() is not None)
 
 
+_CUSTOM_NODE = torch.autograd.function.BackwardCFunction
+
+
 class _StopRecompute(Exception):
     """Raised once the recompute has produced every tensor backward needs (early stop)."""
 
@@ -476,8 +479,10 @@ class _Frame:
         if h.tensor is None:
             self.recompute()
         t = h.tensor
-        if torch._C._current_graph_task_id() == -1:   # read outside backward: do not keep
-            _clear(self.saved)
+        # A custom autograd.Function may read ctx.saved_tensors twice: keep its tensors until
+        # its node releases them (or this backward ends). Built-in nodes read once: let go now.
+        if not isinstance(torch._C._current_autograd_node(), _CUSTOM_NODE):
+            h.tensor = None
         return t
 
     def _check_versions(self):
@@ -536,15 +541,15 @@ class _Frame:
             if s.probe is not None:               # (batch-norm statistics) are not edits
                 s.version = s.probe._version
         if torch._C._current_graph_task_id() != -1:
-            # Keep the tensors until this backward ends, so a second read (a custom Function
-            # reading ctx.saved_tensors twice) gets them without another forward.
+            # Free, when this backward ends, what it recomputed but did not use up (tensors
+            # kept for a custom Function, backward(inputs=...) on part of the graph).
             # (Not a method of the frame: that would keep its inputs alive until then.)
             torch.autograd.Variable._execution_engine.queue_callback(
                 functools.partial(_clear, self.saved))
 
 
 def _clear(saved: list):
-    """Empty the holders a recompute filled."""
+    """Empty the holders a recompute filled and backward did not use."""
     for s in saved:
         h = s.holder()
         if h is not None:
