@@ -12,7 +12,7 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import ckpt_lab
-from ckpt_lab import CheckpointError, checkpoint
+from ckpt_lab import checkpoint
 
 
 def same(a, b):
