@@ -219,6 +219,7 @@ def _cuda_devices(tensors, preserve: bool) -> list[int]:
     return sorted(devices)
 
 
+@functools.lru_cache(maxsize=1)
 def _autocast_devices() -> tuple[str, ...]:
     return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 
