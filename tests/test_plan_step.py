@@ -243,3 +243,13 @@ def test_step_model_needs_a_measured_profile():
         planner.step_peak_bytes([0], hand)
     with pytest.raises(ValueError, match="input_bytes"):
         planner.optimal_segments(random_profile(random.Random(0), 3), 100, input_bytes=5)
+
+
+def test_profile_without_the_step_fields_agrees_on_the_activation_model():
+    layers, x = bottleneck_mlp()
+    full, light = profile_layers(layers, x, repeats=1), profile_layers(layers, x, repeats=1,
+                                                                        step=False)
+    assert [(p.act_bytes, p.out_bytes) for p in full] == [(p.act_bytes, p.out_bytes) for p in light]
+    assert light[0].work_bytes is None
+    with pytest.raises(ValueError, match="profile_layers"):
+        planner.optimal_segments(light, 10**9)
