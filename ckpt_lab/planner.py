@@ -538,6 +538,10 @@ def step_peak_bytes(boundaries, profile) -> int:
     are alive together: while segment j is recomputed and run backward, the inputs kept by
     segments 0..j, the gradient arriving at segment j, the activations its layers saved and
     not yet used, and the working memory of the layer running.
+
+    Exact when every layer's output is a new tensor. A layer that returns a view of its input
+    (`nn.Flatten` as a layer of its own) shares that storage with the layer before, and the
+    model may count it twice: the prediction is then high by up to that tensor, not low.
     """
     step = _Step(profile)
     return step.peak(segment_starts(step.n, boundaries=list(boundaries)))
