@@ -8,9 +8,11 @@ changes what autograd keeps, `models`/`data`/`train` give something real to trai
 """
 from .memory import (LayerProfile, MemoryLog, SimulatedOutOfMemoryError, phase, profile_layers,
                      track_memory)
-from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
+from . import checkpoint  # the module; calling it calls checkpoint.checkpoint
+from .checkpoint import CheckpointError, checkpoint_sequential
 from .selective import Decision
 from .recursive import checkpoint_recursive
+from .modules import CheckpointedModules, checkpoint_modules
 from .offload import OffloadStats, offload_activations
 from .models import CheckpointPolicy, build_model, get_config
 from .data import TextBatches, load_corpus
@@ -21,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointError",
     "CheckpointPolicy",
+    "CheckpointedModules",
     "Decision",
     "LayerProfile",
     "MemoryLog",
@@ -29,6 +32,7 @@ __all__ = [
     "TextBatches",
     "build_model",
     "checkpoint",
+    "checkpoint_modules",
     "checkpoint_recursive",
     "checkpoint_sequential",
     "get_config",

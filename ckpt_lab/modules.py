@@ -1,0 +1,343 @@
+"""Checkpoint the blocks of any model in place, the way real training code does it.
+
+`checkpoint_sequential` needs a chain of layers; real models (a Hugging Face decoder, an
+``nn.TransformerEncoder``, your own) call their blocks from their own ``forward`` with keyword
+arguments (attention masks, position embeddings, caches) and get tuples back.
+`checkpoint_modules(model, select)` leaves that code alone: it gives every submodule ``select``
+matches a ``forward`` that runs the original one under ckpt_lab's `checkpoint`.
+
+* Only ``module.forward`` changes (an instance attribute shadows the class's method, as
+  Accelerate's hooks do), so ``nn.Module.__call__`` still runs the module's forward pre-hooks
+  and forward hooks once each, outside the checkpoint; parameters, buffers and
+  ``state_dict`` keys are untouched. ``remove()`` deletes the attribute (or puts back one that
+  was there), which restores the model exactly.
+* Tensor keyword arguments are passed to `checkpoint` positionally, so they get gradients under
+  either implementation; other keyword arguments are bound as they are.
+* Whatever the block returns (a tensor, a tuple with ``None`` in it) comes back unchanged.
+* A block called with ``use_cache=True`` or a key/value cache is refused while grad is on:
+  the recompute would write the cache twice and the cache would pin what checkpointing frees.
+
+`plan_modules` profiles the matched blocks in one step and asks `planner.optimal_segments`
+which of them to checkpoint for a memory budget; the answer is a predicate for
+`checkpoint_modules`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .checkpoint import IMPLS, checkpoint
+
+_MARK = "_ckpt_lab_original_forward"
+CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past")
+
+
+@dataclass
+class CheckpointedModules:
+    """What `checkpoint_modules` changed: the matched names, and `remove()` to undo it."""
+
+    names: list[str]
+    modules: list[nn.Module] = field(repr=False)
+    _saved: list = field(repr=False, default_factory=list)
+
+    def remove(self) -> None:
+        """Give every matched module back its own forward (idempotent)."""
+        for module, had, previous in self._saved:
+            if had:
+                module.__dict__["forward"] = previous
+            else:
+                module.__dict__.pop("forward", None)
+        self._saved = []
+
+    @property
+    def active(self) -> bool:
+        """Whether the modules are still checkpointed (`remove` not called yet)."""
+        return bool(self._saved)
+
+    def __enter__(self) -> "CheckpointedModules":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def _matcher(select):
+    """A predicate (name, module) -> bool from a class, a tuple of classes or a predicate."""
+    if isinstance(select, type):
+        if not issubclass(select, nn.Module):
+            raise TypeError(f"select is the class {select.__name__}, which is not an nn.Module "
+                            "subclass; pass a block class such as nn.TransformerEncoderLayer")
+        return lambda name, m: isinstance(m, select)
+    if isinstance(select, tuple):
+        if not select or not all(isinstance(c, type) and issubclass(c, nn.Module)
+                                 for c in select):
+            raise TypeError(f"a tuple select must hold nn.Module classes, got {select!r}")
+        return lambda name, m: isinstance(m, select)
+    if callable(select):
+        return lambda name, m: bool(select(name, m))
+    raise TypeError(f"select must be an nn.Module class, a tuple of classes or a predicate "
+                    f"(name, module) -> bool, got {type(select).__name__}")
+
+
+def matched_modules(model: nn.Module, select) -> list[tuple[str, nn.Module]]:
+    """The (name, module) pairs of `model` that `select` matches, checked: some, none nested."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    match = _matcher(select)
+    found = [(name, m) for name, m in model.named_modules() if match(name, m)]
+    if not found:
+        kinds = sorted({type(m).__name__ for _, m in model.named_modules()})
+        raise ValueError(f"select matched no submodule of {type(model).__name__}; its module "
+                         f"classes are {', '.join(kinds)}. Pass one of them (the repeated "
+                         "block) or a predicate on the names in model.named_modules().")
+    names = [n for n, _ in found]
+    for outer in names:
+        for inner in names:
+            if inner != outer and (outer == "" or inner.startswith(outer + ".")):
+                raise ValueError(
+                    f"select matched {outer or '<the model itself>'!r} and {inner!r} inside it; "
+                    "checkpointing both would recompute the inner module twice in backward. "
+                    "Make select match one level only (e.g. the block class, not its parts).")
+    return found
+
+
+def _refuse_cache(kwargs):
+    """A block that writes a key/value cache would write it again when backward recomputes it."""
+    cached = [k for k in CACHE_KWARGS if kwargs.get(k) is not None]
+    if kwargs.get("use_cache") is True or cached:
+        raise ValueError(
+            f"a checkpointed block was called with {'use_cache=True' if not cached else cached[0]}: "
+            "its key/value cache would keep every layer's keys and values alive (what "
+            "checkpointing frees) and the recompute in backward would append them to the cache a "
+            "second time. Train with use_cache=False (model(..., use_cache=False) or "
+            "model.config.use_cache = False); generation under torch.no_grad() is unaffected.")
+
+
+def _checkpointed_forward(original, impl, preserve_rng_state, policy):
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        _refuse_cache(kwargs)
+        keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        rest = {k: v for k, v in kwargs.items() if k not in keys}
+        n = len(args)
+
+        def run(*flat):
+            return original(*flat[:n], **rest, **dict(zip(keys, flat[n:])))
+
+        return checkpoint(run, *args, *(kwargs[k] for k in keys), impl=impl,
+                          preserve_rng_state=preserve_rng_state, policy=policy)
+
+    setattr(forward, _MARK, original)
+    forward.__wrapped__ = original
+    forward.__doc__ = getattr(original, "__doc__", None)
+    return forward
+
+
+def checkpoint_modules(model: nn.Module, select, impl: str = "hooks", policy=None,
+                       preserve_rng_state: bool = True) -> CheckpointedModules:
+    """Checkpoint every submodule of `model` that `select` matches; returns a handle to undo it.
+
+    ``select``: an ``nn.Module`` class, a tuple of classes, or a predicate ``(name, module) ->
+    bool`` over ``model.named_modules()``. ``impl``, ``policy`` and ``preserve_rng_state`` are
+    passed to `checkpoint`. Under ``torch.no_grad()`` the modules run as before.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    found = matched_modules(model, select)
+    for name, m in found:
+        if hasattr(m.__dict__.get("forward"), _MARK):
+            raise ValueError(f"{name or 'the model'} is already checkpointed by an earlier "
+                             "checkpoint_modules call; call .remove() on that handle first.")
+    handle = CheckpointedModules([n for n, _ in found], [m for _, m in found])
+    for _, m in found:
+        had = "forward" in m.__dict__
+        handle._saved.append((m, had, m.__dict__.get("forward")))
+        m.forward = _checkpointed_forward(m.forward, impl, preserve_rng_state, policy)
+    return handle
+
+
+# --------------------------------------------------------------------------- planning over it
+@dataclass
+class BlockProfile:
+    """One matched block in one step: bytes it first saved for backward, output bytes, time."""
+
+    name: str
+    act_bytes: int
+    out_bytes: int
+    forward_seconds: float
+
+
+@dataclass
+class ModulePlan:
+    """Which matched blocks to checkpoint, the planner's plan behind it, and the profile.
+
+    ``peak_bytes`` is `formulas.segmented_peak_bytes` of checkpointing ``names`` one block
+    each: what the blocks are predicted to hold at the peak.
+    """
+
+    names: list[str]
+    plan: object
+    blocks: list[BlockProfile]
+    input_bytes: int
+    other_saved_bytes: int
+    peak_bytes: int
+
+    def select(self, name: str, module: nn.Module) -> bool:
+        """The predicate to pass to `checkpoint_modules`: the blocks this plan checkpoints."""
+        return name in self.names
+
+
+def _first_tensor(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree
+    if isinstance(tree, (list, tuple)):
+        for item in tree:
+            t = _first_tensor(item)
+            if t is not None:
+                return t
+    if isinstance(tree, dict):
+        return _first_tensor(list(tree.values()))
+    return None
+
+
+def _all_tensors(tree) -> list:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (list, tuple)):
+        return [t for item in tree for t in _all_tensors(item)]
+    if isinstance(tree, dict):
+        return _all_tensors(list(tree.values()))
+    return []
+
+
+@dataclass
+class ModuleProfile:
+    """The matched blocks of one step, in call order, and what sits outside them.
+
+    ``input_bytes``: the first block's input. ``other_saved_bytes``: saved for backward outside
+    every block (embeddings, head, loss, and the blocks' shared arguments).
+    ``shared_args_bytes``: tensor arguments after the first (masks, position ids) that nothing
+    saves, yet a checkpoint keeps alive as inputs of its recompute.
+    """
+
+    blocks: list[BlockProfile]
+    input_bytes: int
+    other_saved_bytes: int
+    shared_args_bytes: int
+
+    def checkpoint_saving_bytes(self, names) -> int:
+        """Predicted bytes alive after the forward that checkpointing the named blocks frees."""
+        chosen = [b for b in self.blocks if b.name in set(names)]
+        if not chosen:
+            return 0
+        kept = [self.input_bytes if i == 0 else self.blocks[i - 1].out_bytes
+                for i, b in enumerate(self.blocks) if b in chosen]
+        return sum(b.act_bytes for b in chosen) - sum(kept) - self.shared_args_bytes
+
+
+def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
+    """Run ``step()`` (a forward, or forward and backward) once and profile the matched blocks.
+
+    Every storage autograd saves is charged to the block that saved it first (parameters and
+    buffers are not activations and are skipped); a block's tensor arguments after the first
+    (attention masks, position embeddings) are shared and charged outside every block.
+    Profile a model that is not checkpointed: a checkpoint hides what it saves.
+    """
+    found = matched_modules(model, select)
+    weights = {id(t.untyped_storage()) for t in list(model.parameters()) + list(model.buffers())}
+    owner: dict[int, tuple[object, int]] = {}
+    shared: dict[int, torch.UntypedStorage] = {}
+    saved_anywhere: set[int] = set()
+    state = {"block": None, "start": 0.0}
+    stats: dict[str, dict] = {}
+    order: list[str] = []
+
+    def pack(t):
+        st = t.untyped_storage()
+        key = id(st)
+        saved_anywhere.add(key)
+        if key not in weights and key not in owner:
+            owner[key] = (state["block"], st.nbytes(), st)
+        return t
+
+    def pre(name):
+        def hook(module, args, kwargs):
+            # tensors besides the first (masks, position embeddings) are shared by every
+            # block and kept whether or not the block is checkpointed: not the block's own
+            for t in _all_tensors((args, kwargs))[1:]:
+                st = t.untyped_storage()
+                owner.setdefault(id(st), (None, st.nbytes(), st))
+                shared.setdefault(id(st), st)
+            if name not in stats:
+                first = _first_tensor((args, kwargs))
+                stats[name] = {"in": first.untyped_storage().nbytes() if first is not None
+                               else 0, "out": 0, "seconds": 0.0}
+                order.append(name)
+            state["block"], state["start"] = name, time.perf_counter()
+        return hook
+
+    def post(name):
+        def hook(module, args, kwargs, out):
+            stats[name]["seconds"] += time.perf_counter() - state["start"]
+            t = _first_tensor(out)
+            stats[name]["out"] = t.untyped_storage().nbytes() if t is not None else 0
+            state["block"] = None
+        return hook
+
+    handles = []
+    try:
+        for name, m in found:
+            handles.append(m.register_forward_pre_hook(pre(name), with_kwargs=True))
+            handles.append(m.register_forward_hook(post(name), with_kwargs=True))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step()
+    finally:
+        for h in handles:
+            h.remove()
+    if not order:
+        raise ValueError("step() never called the matched blocks; pass a function that runs "
+                         "the model's forward")
+    act = {name: 0 for name in order}
+    other = 0
+    for block, nbytes, _ in owner.values():
+        if block is None:
+            other += nbytes
+        else:
+            act[block] += nbytes
+    blocks = [BlockProfile(n, act[n], stats[n]["out"], stats[n]["seconds"]) for n in order]
+    saved_keys = set(saved_anywhere)
+    unsaved = sum(st.nbytes() for k, st in shared.items() if k not in saved_keys)
+    return ModuleProfile(blocks, stats[order[0]]["in"], other - unsaved, unsaved)
+
+
+def plan_modules(model: nn.Module, select, step, budget_bytes) -> ModulePlan:
+    """Profile the matched blocks with ``step()`` and pick which to checkpoint for a budget.
+
+    The budget covers what the blocks save for backward (``other_saved_bytes`` comes on top).
+    `planner.optimal_segments` finds the cheapest plan; its checkpointed segments end where
+    its last segment starts, and every block before that is checkpointed on its own (a module
+    can be checkpointed alone, not together with its neighbours). Apply the result with
+    ``checkpoint_modules(model, plan.select)``.
+    """
+    from . import planner
+    from .formulas import segmented_peak_bytes
+    prof = profile_modules(model, select, step)
+    blocks, input_bytes, other = prof.blocks, prof.input_bytes, prof.other_saved_bytes
+    budget_bytes = float("inf") if budget_bytes is None else budget_bytes
+    act, out = [b.act_bytes for b in blocks], [b.out_bytes for b in blocks]
+    plan = planner.optimal_segments(act, out, [b.forward_seconds for b in blocks], budget_bytes,
+                                    input_bytes=input_bytes)
+    for last in range(plan.boundaries[-1], len(blocks)):
+        peak = segmented_peak_bytes(list(range(last + 1)), act, out, input_bytes)
+        if peak <= budget_bytes:
+            return ModulePlan([b.name for b in blocks[:last]], plan, blocks, input_bytes, other,
+                              peak)
+    raise ValueError(
+        f"the planner fits {budget_bytes:,} bytes only by checkpointing several blocks as one "
+        f"segment ({plan.boundaries}), which checkpoint_modules cannot do (it checkpoints each "
+        "matched module alone); raise the budget or select a larger module that holds several "
+        "blocks.")

@@ -1,0 +1,323 @@
+"""checkpoint_modules on real block-structured models, against plain autograd and
+torch.utils.checkpoint (the oracles); plan_modules against the planner and the measurement."""
+import pytest
+import torch
+import torch.utils.checkpoint as tuc
+from torch import nn
+
+from ckpt_lab import checkpoint_modules, track_memory
+from ckpt_lab.models import GPT, Block, GPTConfig
+from ckpt_lab.modules import matched_modules, plan_modules, profile_modules
+
+IMPLS = ["hooks", "reentrant"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+def grads(model, run, seed=7):
+    """Loss and every parameter gradient after one forward+backward with a fixed RNG seed."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss = run()
+    loss.backward()
+    return [loss.detach()] + [p.grad for p in model.parameters()]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def torch_checkpointed(model, cls):
+    """The oracle: the same blocks under torch.utils.checkpoint (non-reentrant); undo fn."""
+    blocks = [m for m in model.modules() if isinstance(m, cls)]
+    for m in blocks:
+        original = m.forward
+        m.forward = (lambda f: lambda *a, **k: tuc.checkpoint(
+            f, *a, use_reentrant=False, preserve_rng_state=True, **k))(original)
+    return lambda: [m.__dict__.pop("forward") for m in blocks]
+
+
+def gpt(dropout=0.1):
+    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32,
+                         dropout=dropout))
+
+
+IDX = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+TGT = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpt_blocks_bitwise_equal_to_plain_and_to_torch(impl):
+    model = gpt()
+    run = lambda: model(IDX, TGT)  # noqa: E731
+    plain = grads(model, run)
+    undo = torch_checkpointed(model, Block)
+    oracle = grads(model, run)
+    undo()
+    handle = checkpoint_modules(model, Block, impl=impl)
+    assert handle.names == ["chain.1", "chain.2", "chain.3"]
+    ours = grads(model, run)
+    handle.remove()
+    assert same(plain, ours) and same(oracle, ours)
+    assert same(plain, grads(model, run))
+
+
+def test_gpt_blocks_free_memory_like_torch():
+    model = gpt(dropout=0.0)
+    run = lambda: model(IDX, TGT).backward()  # noqa: E731
+    peaks = {}
+    for name in ("plain", "ours", "torch"):
+        handle = checkpoint_modules(model, Block) if name == "ours" else None
+        undo = torch_checkpointed(model, Block) if name == "torch" else None
+        with track_memory() as mem:
+            run()
+        peaks[name] = mem.peak_bytes
+        handle and handle.remove()
+        undo and undo()
+    assert peaks["ours"] == peaks["torch"] < peaks["plain"]
+
+
+def encoder(dropout=0.1):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=dropout,
+                                       batch_first=True, norm_first=True)
+    return nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_transformer_encoder_with_masks_bitwise(impl):
+    model = encoder()
+    x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    causal = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    pad = torch.zeros(2, 10, dtype=torch.bool)
+    pad[1, 7:] = True
+    run = lambda: model(x, mask=causal, src_key_padding_mask=pad).sum()  # noqa: E731
+
+    def with_x(out):
+        g, x.grad = x.grad, None
+        return out + [g]
+
+    plain = with_x(grads(model, run))
+    undo = torch_checkpointed(model, nn.TransformerEncoderLayer)
+    oracle = with_x(grads(model, run))
+    undo()
+    with checkpoint_modules(model, nn.TransformerEncoderLayer, impl=impl) as handle:
+        assert handle.names == ["layers.0", "layers.1", "layers.2"]
+        ours = with_x(grads(model, run))
+    assert same(plain, ours) and same(oracle, ours)
+
+
+class KwBlock(nn.Module):
+    """A block in the style of a Hugging Face decoder layer: keyword tensors, tuple output."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x, bias=None, scale=1.0, output_extra=False, **unused):
+        y = self.drop(torch.tanh(self.fc(x))) * scale
+        if bias is not None:
+            y = y + bias
+        return (x + y, None, y.sum()) if output_extra else (x + y,)
+
+
+class KwModel(nn.Module):
+    def __init__(self, depth=3, width=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(KwBlock(width) for _ in range(depth))
+        self.bias = nn.Parameter(torch.randn(width))
+
+    def forward(self, x):
+        h = self.inp(x)
+        extra = 0
+        for b in self.blocks:
+            out = b(h, bias=self.bias * 0.5, scale=2.0, output_extra=True)
+            h, extra = out[0], extra + out[2]
+            assert out[1] is None
+        return h.pow(2).mean() + extra
+
+
+X = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_keyword_tensors_get_gradients_and_tuples_come_back(impl):
+    model = KwModel()
+    run = lambda: model(X)  # noqa: E731
+    plain = grads(model, run)
+    assert model.bias.grad is not None and model.bias.grad.abs().sum() > 0
+    undo = torch_checkpointed(model, KwBlock)
+    oracle = grads(model, run)
+    undo()
+    with checkpoint_modules(model, lambda name, m: name in ("blocks.0", "blocks.1", "blocks.2"), impl=impl) as h:
+        assert h.names == ["blocks.0", "blocks.1", "blocks.2"]
+        ours = grads(model, run)
+    assert same(plain, ours) and same(oracle, ours)
+
+
+def test_forward_hooks_run_once_and_keep_their_effect():
+    model = KwModel()
+    calls = {"pre": 0, "post": 0}
+
+    def pre(module, args, kwargs):
+        calls["pre"] += 1
+        return args, dict(kwargs, scale=kwargs["scale"] * 0.5)
+
+    def post(module, args, out):
+        calls["post"] += 1
+        return (out[0] * 1.5,) + tuple(out[1:])
+
+    hooks = [model.blocks[1].register_forward_pre_hook(pre, with_kwargs=True),
+             model.blocks[1].register_forward_hook(post)]
+    run = lambda: model(X)  # noqa: E731
+    plain = grads(model, run)
+    assert calls == {"pre": 1, "post": 1}
+    handle = checkpoint_modules(model, KwBlock)
+    ours = grads(model, run)
+    assert calls == {"pre": 2, "post": 2}       # not re-run by the recompute
+    assert same(plain, ours)
+    handle.remove()
+    assert len(model.blocks[1]._forward_hooks) == 1 and len(model.blocks[1]._forward_pre_hooks) == 1
+    for h in hooks:
+        h.remove()
+
+
+def test_remove_restores_the_model_exactly():
+    model = gpt()
+    keys = list(model.state_dict())
+    classes = [type(m) for m in model.modules()]
+    forward_attrs = [("forward" in m.__dict__) for m in model.modules()]
+    model.eval()
+    with torch.no_grad():
+        before = model(IDX)
+    handle = checkpoint_modules(model, Block)
+    assert list(model.state_dict()) == keys and handle.active
+    with torch.no_grad():
+        assert torch.equal(model(IDX), before)      # no_grad: the blocks run as before
+    handle.remove()
+    handle.remove()                                 # idempotent
+    assert not handle.active
+    assert list(model.state_dict()) == keys
+    assert [type(m) for m in model.modules()] == classes
+    assert [("forward" in m.__dict__) for m in model.modules()] == forward_attrs
+    with torch.no_grad():
+        assert torch.equal(model(IDX), before)
+
+
+def test_remove_puts_back_a_forward_someone_else_installed():
+    model = KwModel()
+    block = model.blocks[0]
+    theirs = block.forward
+    block.forward = lambda *a, **k: theirs(*a, **k)   # e.g. Accelerate's device hook
+    installed = block.forward
+    handle = checkpoint_modules(model, KwBlock)
+    assert block.forward is not installed
+    handle.remove()
+    assert block.forward is installed
+
+
+def test_errors_say_what_to_do():
+    model = gpt()
+    with pytest.raises(ValueError, match="matched no submodule.*Block"):
+        checkpoint_modules(model, nn.TransformerEncoderLayer)
+    with pytest.raises(ValueError, match="inside it"):
+        checkpoint_modules(model, (Block, nn.LayerNorm))
+    with pytest.raises(ValueError, match="inside it"):
+        checkpoint_modules(model, lambda name, m: True)
+    with pytest.raises(TypeError, match="not an nn.Module"):
+        checkpoint_modules(model, int)
+    with pytest.raises(TypeError, match="predicate"):
+        checkpoint_modules(model, "Block")
+    with pytest.raises(ValueError, match="impl"):
+        checkpoint_modules(model, Block, impl="torch")
+    handle = checkpoint_modules(model, Block)
+    with pytest.raises(ValueError, match="already checkpointed"):
+        checkpoint_modules(model, Block)
+    handle.remove()
+    checkpoint_modules(model, Block).remove()
+
+
+def test_a_block_writing_a_cache_is_refused_while_training():
+    model = KwModel()
+    block = model.blocks[0]
+    h = torch.randn(2, 16)
+    with checkpoint_modules(model, KwBlock):
+        with pytest.raises(ValueError, match="use_cache=False"):
+            block.forward(h, use_cache=True)
+        with pytest.raises(ValueError, match="past_key_values"):
+            block.forward(h, past_key_values=object())
+        with torch.no_grad():                      # generation: nothing is recomputed
+            block.forward(h, past_key_values=None)
+
+
+def test_reentrant_with_frozen_input_fails_loudly():
+    model = KwModel()
+    model.inp.requires_grad_(False)     # frozen embedding, as under LoRA: h has no grad
+    model.bias.requires_grad_(False)
+    with checkpoint_modules(model, KwBlock, impl="reentrant"):
+        with pytest.raises(ValueError, match="requires_grad"):
+            model(X)
+
+
+def test_matched_modules_in_call_order_and_profile():
+    model = gpt(dropout=0.0)
+    assert [n for n, _ in matched_modules(model, Block)] == ["chain.1", "chain.2", "chain.3"]
+    prof = profile_modules(model, Block, lambda: model(IDX, TGT))
+    blocks, input_bytes, other = prof.blocks, prof.input_bytes, prof.other_saved_bytes
+    assert prof.shared_args_bytes == 0
+    assert [b.name for b in blocks] == ["chain.1", "chain.2", "chain.3"]
+    assert input_bytes == 2 * 16 * 32 * 4
+    assert all(b.out_bytes == input_bytes for b in blocks)
+    assert len({b.act_bytes for b in blocks}) == 1 and blocks[0].act_bytes > 4 * input_bytes
+    assert other > 0
+
+
+def test_plan_modules_meets_its_budget_when_measured():
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=6, n_head=2, n_embd=32,
+                          dropout=0.0))
+    step = lambda: model(IDX, TGT)  # noqa: E731
+    blocks = profile_modules(model, Block, step).blocks
+    total = sum(b.act_bytes for b in blocks)
+    budget = total // 2
+    plan = plan_modules(model, Block, step, budget)
+    assert 0 < len(plan.names) < 6 and plan.peak_bytes <= budget
+    assert plan.names == [b.name for b in plan.blocks[:len(plan.names)]]
+    # measured: bytes alive after the forward fall by what the plan predicts
+    with track_memory() as mem:
+        loss = step()
+        plain_kept = mem.current_bytes
+    del loss
+    with checkpoint_modules(model, plan.select):
+        with track_memory() as mem:
+            loss = step()
+            kept = mem.current_bytes
+        del loss
+    n = len(plan.names)
+    predicted_saving = sum(b.act_bytes for b in plan.blocks[:n]) - n * plan.input_bytes
+    assert plain_kept - kept == predicted_saving
+    with pytest.raises(ValueError):
+        plan_modules(model, Block, step, 10)
+
+
+def test_policy_is_passed_to_checkpoint():
+    model = gpt()
+    run = lambda: model(IDX, TGT)  # noqa: E731
+    plain = grads(model, run)
+    kept = {}
+    for policy in (None, "save_matmuls"):
+        with checkpoint_modules(model, Block, policy=policy):
+            assert same(plain, grads(model, run))
+            with track_memory() as mem:
+                loss = run()
+                kept[policy] = mem.current_bytes
+            del loss
+    with track_memory() as mem:
+        loss = run()
+        kept["plain"] = mem.current_bytes
+    assert kept[None] < kept["save_matmuls"] < kept["plain"]

@@ -1,0 +1,157 @@
+"""PyTorch's selective API, save_on_cpu, torch.compile's memory budget and memory snapshots,
+each beside ckpt_lab's counterpart and measured."""
+import pickle
+
+import pytest
+import torch
+from torch import nn
+from torch.cuda import _memory_viz
+
+from ckpt_lab import checkpoint, compiled, formulas, stack, track_memory
+from ckpt_lab.models import Block, GPTConfig
+from ckpt_lab.snapshot import (cuda_snapshot, record_allocations, save_snapshot,
+                               trace_peak_bytes)
+
+
+@pytest.fixture(autouse=True)
+def _one(one_thread):
+    yield
+
+
+def block(attn_impl="manual", dropout=0.1):
+    torch.manual_seed(0)
+    return Block(GPTConfig(n_embd=32, n_head=2, block_size=64, dropout=dropout,
+                           attn_impl=attn_impl))
+
+
+X = torch.randn(2, 64, 32, generator=torch.Generator().manual_seed(1))
+
+
+def test_torch_selective_api_matches_save_matmuls_bytes_gradients_and_flops():
+    r = stack.compare_selective(block(), X)
+    plain, full = r["plain"], r["full recompute (ckpt_lab)"]
+    ours, theirs = r["save_matmuls (ckpt_lab)"], r["save_matmuls (PyTorch SAC)"]
+    assert all(stack.same(plain, m) for m in r.values())          # dropout included
+    assert plain.kept_bytes == formulas.gpt_block_bytes(2, 64, 32, 2)
+    assert ours.kept_bytes == theirs.kept_bytes
+    assert full.kept_bytes < ours.kept_bytes < plain.kept_bytes
+    assert ours.flops == theirs.flops == plain.flops < full.flops
+    # full recomputation re-runs the forward: a third more FLOPs (forward F, backward 2F)
+    assert full.flops - plain.flops == plain.flops // 3
+
+
+def test_fused_attention_leaves_selective_recomputation_nothing_to_free():
+    manual = stack.attention_core_saving(block("manual", 0.0), X)
+    fused = stack.attention_core_saving(block("sdpa", 0.0), X)
+    freed = {k: r["plain"].kept_bytes - r["attention core recomputed"].kept_bytes
+             for k, r in (("manual", manual), ("sdpa", fused))}
+    t2 = 2 * 2 * 64 * 64 * 4           # one (B, heads, T, T) fp32 tensor
+    assert freed["manual"] >= t2        # the scores and the softmax go
+    assert freed["sdpa"] < t2 // 8      # only the kernel's log-sum-exp rows go
+    for r in (manual, fused):
+        assert stack.same(r["plain"], r["attention core recomputed"])
+        assert r["attention core recomputed"].flops > r["plain"].flops
+
+
+def test_cpu_fused_attention_flops_are_counted():
+    fused = stack.measure("plain", block("sdpa", 0.0), block("sdpa", 0.0), X)
+    manual = stack.measure("plain", block("manual", 0.0), block("manual", 0.0), X)
+    # the fused backward recomputes the scores q k^T (it never stored them): one more matmul
+    assert fused.flops - manual.flops == 2 * 2 * 2 * 64 * 64 * 16
+
+
+def test_save_on_cpu_copies_weights_and_views_ckpt_lab_offload_does_not():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(32, 32), nn.GELU())])
+    x = torch.randn(16, 32)
+    c = stack.compare_offload(model, x)
+    act, weight = 16 * 32 * 4, 32 * 32 * 4
+    # ckpt_lab: every storage the forward made, once (3 Linear + 3 GELU outputs)
+    assert (c.ckpt_lab_bytes, c.ckpt_lab_storages) == (6 * act, 6)
+    # save_on_cpu: every saved tensor, the input batch x and the weights the 2nd and 3rd
+    # Linear keep for their input gradient included (x needs none, so the 1st keeps no weight)
+    assert c.save_on_cpu_tensors == 9
+    assert c.save_on_cpu_bytes == c.ckpt_lab_bytes + act + 2 * weight
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_offload_device_peaks_on_cuda():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(512, 512), nn.GELU())]).cuda()
+    c = stack.compare_offload(model, torch.randn(4096, 512, device="cuda"))
+    assert c.cuda_peak_bytes["save_on_cpu"] < c.cuda_peak_bytes["plain"]
+    assert c.cuda_peak_bytes["offload_activations"] < c.cuda_peak_bytes["plain"]
+
+
+def _mlp(depth=3, width=64):
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.GELU())])
+
+
+def test_compile_budget_sweep_keeps_less_as_the_budget_falls():
+    x = torch.randn(256, 64)
+    rows = compiled.budget_sweep(_mlp, x, budgets=(1.0, 0.5, 0.0),
+                                 backend="aot_eager_decomp_partition", repeats=1)
+    kept = [r.kept_bytes for r in rows]
+    assert kept[0] > kept[1] > kept[2]
+    act = 256 * 64 * 4
+    assert kept[0] >= 6 * act - act and kept[2] <= 2 * act
+
+
+def test_track_memory_does_not_see_the_compiled_program():
+    """Under a TorchDispatchMode torch.compile runs the module eagerly: the tracker sees the
+    eager ops and the eager bytes, whatever the budget."""
+    import torch._functorch.config as fc
+    torch._dynamo.reset()
+    model = _mlp()
+    x = torch.randn(256, 64)
+    eager = track_memory()
+    with eager as plain:
+        model(x).sum()
+    c = torch.compile(model, backend="aot_eager_decomp_partition")
+    with fc.patch(activation_memory_budget=0.0):
+        c(x).sum().backward()
+    with track_memory() as mem:
+        c(x).sum()
+    assert "addmm" in {p.op.split(".")[0] for p in mem.timeline}
+    assert mem.peak_bytes == plain.peak_bytes
+    torch._dynamo.reset()
+
+
+def test_profiled_memory_sees_allocations():
+    held = []
+    m = compiled.profiled_memory(lambda: held.append(torch.ones(1024, 1024).sum()))
+    assert m.peak_bytes >= 4 * 2 ** 20 and 0 < m.end_bytes < 1024
+
+
+def test_exported_timeline_loads_in_pytorchs_visualizer(tmp_path):
+    torch.manual_seed(0)
+    model = _mlp()
+    x = torch.randn(32, 64, requires_grad=True)
+    with track_memory() as mem, record_allocations() as trace:
+        y = checkpoint(model, x).pow(2).sum()
+        y.backward()
+        del y
+    snap = trace.snapshot()
+    assert trace.peak_bytes() == trace_peak_bytes(snap) == mem.peak_bytes
+    path = tmp_path / "snapshot.pickle"
+    save_snapshot(snap, path)
+    data = pickle.loads(path.read_bytes())
+    text = _memory_viz.trace(data)
+    assert "recompute" in _memory_viz.memory(data, format_flamegraph=lambda s: s) or \
+        any("recompute" in e["frames"][0]["name"] for e in data["device_traces"][0])
+    assert text.count("free completed") == sum(
+        e["action"] == "free_completed" for e in data["device_traces"][0])
+    assert "total_allocated" in _memory_viz.segsum(data)     # checks the segment accounting
+    assert "snapshot.pickle" in _memory_viz.trace_plot(data)
+    assert "snapshot.pickle" in _memory_viz.segment_plot(data)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_real_cuda_snapshot_has_the_same_shape():
+    model = _mlp().cuda()
+    x = torch.randn(256, 64, device="cuda", requires_grad=True)
+    snap = cuda_snapshot(lambda: checkpoint(model, x).pow(2).sum().backward())
+    assert snap["segments"] and any(snap["device_traces"])
+    assert trace_peak_bytes(snap, torch.cuda.current_device()) > 0
+    assert "snapshot.pickle" in _memory_viz.trace_plot(snap)
