@@ -62,6 +62,7 @@ class LayerProfile:
     recompute_peak_bytes: int | None = None     # peak up to its last save, where a recompute stops
     recompute_backward_peak_bytes: int | None = None
     recompute_held_backward_peak_bytes: int | None = None
+    output_is_view: bool | None = None  # returns a view of its input (nn.Flatten): no new storage
 
 
 class _Sink(torch.autograd.Function):
@@ -146,7 +147,7 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True):
         own=own, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
             p == out_ptr for p, _ in packs),
         saves_input=any(p == in_ptr for p, _ in packs), saves_any=bool(packs),
-        forward_peak=forward_peak, backward_peak=backward_peak, fwd_ops=fwd_ops,
+        view=out_ptr == in_ptr, forward_peak=forward_peak, backward_peak=backward_peak, fwd_ops=fwd_ops,
         held_peak=held_peak if any(p == in_ptr for p, _ in packs) else backward_peak,
         recompute_peak=max([0] + [p.live_bytes for p in log.timeline[:last]]),
         grad=box[0] if box else None, trace=trace)
@@ -270,7 +271,7 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
         out.append(LayerProfile(
             name=name, act_bytes=a["own"] + extra, out_bytes=a["out"],
             forward_seconds=seconds[i], work_bytes=a["backward_peak"] - a["own"], own_bytes=a["own"],
-            saves_input=a["saves_input"], saves_output=a["saves_output"],
+            saves_input=a["saves_input"], saves_output=a["saves_output"], output_is_view=a["view"],
             saves_any=a["saves_any"], forward_peak_bytes=a["forward_peak"],
             free_forward_peak_bytes=free[i], backward_peak_bytes=a["backward_peak"],
             held_backward_peak_bytes=a["held_peak"], grad_in_bytes=a["grad_in"],
