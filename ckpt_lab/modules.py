@@ -93,11 +93,10 @@ def matched_modules(model: nn.Module, select) -> list[tuple[str, nn.Module]]:
         raise ValueError(f"select matched no submodule of {type(model).__name__}; its module "
                          f"classes are {', '.join(kinds)}. Pass one of them (the repeated "
                          "block) or a predicate on the names in model.named_modules().")
-    names = [n for n, _ in found]
-    for outer in names:
-        for inner in names:
-            if inner != outer and (outer == "" or inner.startswith(outer + ".")):
-                raise ValueError(
+    names = sorted(n for n, _ in found)   # a descendant sorts right after its ancestor
+    for outer, inner in zip(names, names[1:]):
+        if outer == "" or inner.startswith(outer + "."):
+            raise ValueError(
                     f"select matched {outer or '<the model itself>'!r} and {inner!r} inside it; "
                     "checkpointing both would recompute the inner module twice in backward. "
                     "Make select match one level only (e.g. the block class, not its parts).")
