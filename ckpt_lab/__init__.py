@@ -8,7 +8,8 @@ changes what autograd keeps, `models`/`data`/`train` give something real to trai
 """
 from .memory import (LayerProfile, MemoryLog, SimulatedOutOfMemoryError, phase, profile_layers,
                      track_memory)
-from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
+from . import checkpoint  # the module; calling it calls checkpoint.checkpoint
+from .checkpoint import CheckpointError, checkpoint_sequential
 from .selective import Decision
 from .recursive import checkpoint_recursive
 from .modules import CheckpointedModules, checkpoint_modules

@@ -7,14 +7,22 @@ strategy is the one with the least recomputation whose total stays under `headro
 device (0.85 by default, the source article's rule: leave room for fragmentation, the CUDA
 context and temporaries that no formula here counts).
 
-Activations per layer follow Megatron-LM (`formulas.megatron_layer_terms`) in the activation
-dtype of the precision (2 bytes mixed, 4 bytes fp32) with 1-byte dropout masks. Outside the
-layers: the embedding dropout mask (sbh bytes), the inputs of the final LayerNorm and of the
+Activations per layer follow Megatron-LM (Korthikanti et al. 2022) through
+`formulas.transformer_layer_terms`, in the activation dtype of the precision (2 bytes mixed,
+4 bytes fp32) with 1-byte dropout masks. A config describes either a GPT-2-style model (4h GeLU
+MLP, attention written out, dropout: the defaults) or a current one: fused attention
+(``attention="sdpa"``, no s^2 term), grouped-query attention (``kv_heads``) and a SwiGLU MLP
+(``mlp="swiglu"``, three matrices of width ``intermediate``), with Llama's bookkeeping
+(``style="llama"``: no biases, RMSNorm, rotary positions, untied output). Outside the layers:
+the embedding dropout mask (sbh bytes, with dropout), the inputs of the final norm and of the
 output projection (2 x d sbh) and the fp32 logits the cross-entropy works on (4 sbV).
+
+`ARCHITECTURES` names published models; `TransformerConfig.named("llama2-70b", seq=4096)`
+builds one, and its `num_params` equals the parameter count of the released checkpoint
+(tests/test_capacity.py asserts it).
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -25,7 +33,14 @@ DEFAULT_HEADROOM = 0.85
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """A GPT-style model and its micro-batch."""
+    """A decoder-only transformer and its micro-batch; the defaults describe a GPT-2-style one.
+
+    kv_heads: K/V heads (None: as many as query heads); mlp: "gelu" or "swiglu";
+    intermediate: MLP width (None: 4h for GeLU, Llama's about 8h/3 for SwiGLU); attention:
+    "eager" (scores stored) or "sdpa" (fused, FlashAttention-like); style: "gpt" or "llama"
+    (biases, norms, positions, tying; see `formulas.transformer_params`); dropout: None means
+    on for "gpt", off for "llama".
+    """
 
     layers: int
     hidden: int
@@ -35,26 +50,92 @@ class TransformerConfig:
     micro_batch: int = 1
     precision: str = "mixed"
     optimizer: str = "adam"
+    kv_heads: int | None = None
+    mlp: str = "gelu"
+    intermediate: int | None = None
+    attention: str = "eager"
+    style: str = "gpt"
+    dropout: bool | None = None
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.style not in F.STYLES:
+            raise ValueError(f"style must be one of {F.STYLES}, got {self.style!r}")
+        kv, inter = F._check_arch(self.hidden, self.heads, self.kv_heads, self.mlp,
+                                  self.intermediate, self.attention)
+        object.__setattr__(self, "kv_heads", kv)
+        object.__setattr__(self, "intermediate", inter)
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", self.style == "gpt")
+        elif not isinstance(self.dropout, bool):
+            raise ValueError(f"dropout must be True, False or None, got {self.dropout!r}")
         F.model_state_per_param(self.precision, self.optimizer)  # validates both names
+
+    @classmethod
+    def named(cls, name: str, **overrides) -> "TransformerConfig":
+        """A published architecture from `ARCHITECTURES`, e.g. named("llama2-7b", micro_batch=8)."""
+        if name not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {name!r}; known: {sorted(ARCHITECTURES)}")
+        return cls(**{**ARCHITECTURES[name].fields, **overrides})
 
     @property
     def num_params(self) -> int:
-        """12 L h^2 (attention + 4h MLP) + 13 L h (biases, LayerNorms) + embeddings + final LN."""
-        L, h = self.layers, self.hidden
-        return 12 * L * h * h + 13 * L * h + self.vocab * h + self.seq * h + 2 * h
+        """Parameters, counted by `formulas.transformer_params` for this style."""
+        return F.transformer_params(self.layers, self.hidden, self.heads, self.vocab, self.seq,
+                                    self.kv_heads, self.mlp, self.intermediate, self.style)
 
     @property
     def act_dtype_bytes(self) -> int:
         """Bytes per activation element: 4 in fp32, 2 in any mixed precision."""
         return 4 if self.precision == "fp32" else 2
+
+    def describe(self) -> str:
+        """One line: the shape and the architecture options."""
+        kv = f" ({self.kv_heads} kv)" if self.kv_heads != self.heads else ""
+        return (f"{self.layers} layers, hidden {self.hidden}, {self.heads} heads{kv}, "
+                f"{self.mlp} MLP {self.intermediate}, {self.attention} attention, "
+                f"{self.style} style{', dropout' if self.dropout else ''}, seq {self.seq}, "
+                f"vocab {self.vocab}")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A published model: its config fields and the parameter count of its released weights."""
+
+    fields: dict
+    params: int
+    source: str
+
+
+_LLAMA = dict(mlp="swiglu", style="llama", attention="sdpa")
+ARCHITECTURES = {
+    # Radford et al. 2019; counts of the released GPT-2 checkpoints (124M and 1.5B "XL").
+    "gpt2": Architecture(dict(layers=12, hidden=768, heads=12, seq=1024, vocab=50257),
+                         124_439_808, "Radford et al. 2019, GPT-2 small"),
+    "gpt2-xl": Architecture(dict(layers=48, hidden=1600, heads=25, seq=1024, vocab=50257),
+                            1_557_611_200, "Radford et al. 2019, GPT-2 XL"),
+    # Touvron et al. 2023, "Llama 2", Table 1 and sec. 2.2 (GQA with 8 kv heads for 70B);
+    # shapes from the released params.json / model cards, counts of the released weights.
+    "llama2-7b": Architecture(dict(layers=32, hidden=4096, heads=32, seq=4096, vocab=32000,
+                                   intermediate=11008, **_LLAMA), 6_738_415_616,
+                              "Touvron et al. 2023, Llama 2 7B"),
+    "llama2-13b": Architecture(dict(layers=40, hidden=5120, heads=40, seq=4096, vocab=32000,
+                                    intermediate=13824, **_LLAMA), 13_015_864_320,
+                               "Touvron et al. 2023, Llama 2 13B"),
+    "llama2-70b": Architecture(dict(layers=80, hidden=8192, heads=64, kv_heads=8, seq=4096,
+                                    vocab=32000, intermediate=28672, **_LLAMA),
+                               68_976_648_192, "Touvron et al. 2023, Llama 2 70B"),
+    # Meta Llama 3 model card (2024): 128,256-token vocabulary, GQA with 8 kv heads at both sizes.
+    "llama3-8b": Architecture(dict(layers=32, hidden=4096, heads=32, kv_heads=8, seq=8192,
+                                   vocab=128256, intermediate=14336, **_LLAMA), 8_030_261_248,
+                              "Meta 2024, Llama 3 8B model card"),
+    "llama3-70b": Architecture(dict(layers=80, hidden=8192, heads=64, kv_heads=8, seq=8192,
+                                    vocab=128256, intermediate=28672, **_LLAMA),
+                               70_553_706_496, "Meta 2024, Llama 3 70B model card"),
+}
 
 
 @dataclass(frozen=True)
@@ -94,13 +175,30 @@ def parse_bytes(text) -> int:
 
 def _layer_and_extra(cfg: TransformerConfig, micro: int) -> tuple[int, int, int, int]:
     d = cfg.act_dtype_bytes
-    terms = F.megatron_layer_terms(cfg.seq, micro, cfg.hidden, cfg.heads, act_bytes=d)
+    terms = F.transformer_layer_terms(cfg.seq, micro, cfg.hidden, cfg.heads, cfg.kv_heads,
+                                      cfg.mlp, cfg.intermediate, cfg.attention, cfg.dropout,
+                                      act_bytes=d)
     layer = sum(terms.values())
-    selective = layer - sum(terms[k] for k in F.ATTENTION_CORE_TERMS)
+    selective = layer - sum(terms[k] for k in F.attention_core_terms(cfg.attention)
+                            if k in terms)
     sbh = cfg.seq * micro * cfg.hidden
     boundary = d * sbh
-    extra = sbh + 2 * d * sbh + 4 * cfg.seq * micro * cfg.vocab
+    extra = (sbh if cfg.dropout else 0) + 2 * d * sbh + 4 * cfg.seq * micro * cfg.vocab
     return layer, selective, boundary, extra
+
+
+def step_flops(cfg: TransformerConfig, micro: int, recompute: str = "none") -> int:
+    """FLOPs of one micro-batch step: 3x the forward (2 per weight per token, 4bs^2h per layer
+    for the attention core, 2bshV for the logits); "selective" adds the cores once more.
+
+    For the GPT defaults this is `formulas.transformer_flops` (Narayanan et al. 2021).
+    """
+    weights = F.transformer_layer_weights(cfg.hidden, cfg.heads, cfg.kv_heads, cfg.mlp,
+                                          cfg.intermediate)
+    core = 4 * micro * cfg.seq ** 2 * cfg.hidden
+    layer = 2 * micro * cfg.seq * weights + core
+    step = 3 * (cfg.layers * layer + 2 * micro * cfg.seq * cfg.hidden * cfg.vocab)
+    return step + (cfg.layers * core if recompute == "selective" else 0)
 
 
 def strategy_rows(cfg: TransformerConfig, device_bytes: int,
@@ -118,12 +216,12 @@ def strategy_rows(cfg: TransformerConfig, device_bytes: int,
     while cfg.micro_batch % steps == 0:
         micro = cfg.micro_batch // steps
         layer, selective, boundary, extra = _layer_and_extra(cfg, micro)
-        base = F.transformer_flops(L, cfg.hidden, cfg.seq, micro, cfg.vocab)
-        fwd_layer = 24 * micro * cfg.seq * cfg.hidden ** 2 + 4 * micro * cfg.seq ** 2 * cfg.hidden
+        base = step_flops(cfg, micro)
+        fwd_layer = (2 * micro * cfg.seq * F.transformer_layer_weights(
+            cfg.hidden, cfg.heads, cfg.kv_heads, cfg.mlp, cfg.intermediate)
+            + 4 * micro * cfg.seq ** 2 * cfg.hidden)
         candidates = [("none", L * layer, 0.0),
-                      ("selective", L * selective,
-                       F.transformer_flops(L, cfg.hidden, cfg.seq, micro, cfg.vocab,
-                                           "selective") / base - 1)]
+                      ("selective", L * selective, step_flops(cfg, micro, "selective") / base - 1)]
         for k in [1] + ks:
             starts = list(range(0, L, k))
             peak = F.segmented_peak_bytes(starts, [layer] * L, [boundary] * L, boundary)
@@ -151,8 +249,7 @@ def plan_table(cfg: TransformerConfig, device_bytes: int,
     """The strategy table as text (GiB), with the cheapest fitting strategy or why none fits."""
     rows = strategy_rows(cfg, device_bytes, headroom)
     gib = 2 ** 30
-    lines = [f"{cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, seq {cfg.seq}, "
-             f"vocab {cfg.vocab}: {cfg.num_params / 1e9:.2f}B parameters, "
+    lines = [f"{cfg.describe()}: {cfg.num_params / 1e9:.2f}B parameters, "
              f"{cfg.precision} + {cfg.optimizer}",
              f"device {device_bytes / gib:.1f} GiB, budget {headroom:.0%} = "
              f"{headroom * device_bytes / gib:.1f} GiB",

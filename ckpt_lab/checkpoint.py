@@ -1,21 +1,81 @@
 """Activation checkpointing written from scratch, in the two designs PyTorch has used.
 
-* ``impl="reentrant"``: a ``torch.autograd.Function`` runs the function under ``no_grad`` (so
-  nothing inside is saved), keeps only its inputs, and in its backward re-runs the function
-  with grad enabled and back-propagates through that fresh graph.
-* ``impl="hooks"``: the function runs normally, but under ``saved_tensors_hooks`` whose pack
-  hook stores a small handle instead of each tensor autograd wants to save. The first unpack
-  in backward re-runs the function and hands the recomputed tensors to the original graph, in
-  the order they were saved. Autograd itself is untouched, so ``torch.autograd.grad``,
-  inputs without ``requires_grad``, keyword arguments and nesting all work.
+Read it top to bottom. First the two designs, each in its minimal form (about 25 lines):
 
-Both replay the CPU and CUDA random number generators, so dropout draws the same mask twice,
-and both refuse loudly when the recomputation does not reproduce the forward.
+1. ``MinimalReentrant`` (PyTorch's ``use_reentrant=True``): an ``autograd.Function`` runs the
+   function under ``no_grad``, so nothing inside is saved, and keeps only its input. Its
+   backward re-runs the function with grad enabled and back-propagates through that fresh
+   graph: the autograd engine re-entered from inside itself.
+2. ``minimal_hooks`` (``use_reentrant=False``): the function runs normally, but under
+   ``saved_tensors_hooks`` whose pack hook lets autograd store a small handle instead of each
+   tensor it wants to save. The first unpack in backward re-runs the function and hands the
+   recomputed tensors to the original graph, in the order they were saved.
+
+Both are exact for a deterministic function that nobody modifies in place. Everything else a
+real checkpoint must guard against, each a silent wrong gradient otherwise, is layered on top
+(section "the checks"), then assembled into ``_Reentrant`` and ``_Frame``:
+
+* RNG: the generators of the CPU and of every CUDA device found in the arguments (nested in
+  lists, tuples and dicts too) and in the parameters of an ``nn.Module`` function are replayed,
+  so a dropout draws the same mask twice, and so is any ``torch.Generator`` passed as an
+  argument; a device whose generator is not replayed is refused (meta tensors, which hold
+  no values, are exempt).
+* autocast: the recompute runs under the autocast settings of the forward.
+* versions: plain autograd refuses a saved tensor modified in place ("modified by an inplace
+  operation"); a checkpoint saves no tensor for autograd to check, so it checks by itself:
+  its tensor arguments (positional, keyword, nested), the parameters of the modules the
+  function uses (the function itself, its ``self``, its closure, a ``partial``'s arguments, the
+  globals it reads), and (hooks) every tensor the function saved, through a storage-less alias
+  that shares the tensor's version counter (``_probe``). Not seen: a captured tensor that is
+  no parameter and that no operation saves (with the reentrant design: any captured tensor
+  that is no parameter); keep what the function reads unchanged until backward.
+* metadata: every recomputed saved tensor (or output) must have the forward's shape, dtype and
+  device; a function that branches on global state is refused instead of mis-differentiated.
+* early stop (hooks): the recompute stops as soon as it has produced the last tensor backward
+  needs (``early_stop=False`` runs the whole function again; lesson 4 measures the difference).
+* nesting (hooks): a checkpoint's inputs are saved through whatever hooks are active, so a
+  checkpoint inside a checkpoint frees its inputs too (what makes ``checkpoint_recursive``
+  O(log L)); a ``torch.autograd.grad`` inside the function works in forward and in recompute.
+
+What no checkpoint can fix (``tests/test_checkpoint_limits.py`` shows each):
+
+* a custom ``torch.Generator`` that the function reaches by itself (a global, a closure, a
+  module attribute): the checkpoint cannot see it, so the recompute draws other numbers. Pass
+  the generator as an argument (then it is replayed like the global ones) or create it inside
+  the function from a seed argument (``torch.Generator().manual_seed(seed)``).
+* the global generator shared across threads: if another thread draws from it while the
+  forward runs, the forward's numbers depend on that interleaving, which the recompute does not
+  see again. Give each thread its own generator, or keep random ops out of the checkpoint.
+* BatchNorm in training mode updates its running statistics in the recompute a second time;
+  outputs and gradients are right, the statistics move with about twice the momentum. Use
+  ``ckpt_lab.models.RecomputeSafeBatchNorm2d`` or keep batch norm out of the checkpoint.
+
+Where ckpt_lab behaves differently from ``torch.utils.checkpoint``, on purpose:
+
+* a parameter modified in place between forward and backward (an optimizer step), or a
+  saved tensor modified in place inside the function, raises ``CheckpointError`` where torch
+  returns wrong gradients silently.
+* a custom ``autograd.Function`` that reads ``ctx.saved_tensors`` twice gets the same tensors
+  again, without another forward (torch raises).
+* ``impl="reentrant"`` refuses a call where no tensor argument requires grad: torch runs it,
+  but then the output has no ``grad_fn`` and every parameter inside silently gets no gradient
+  (the trap of a frozen embedding or a LoRA adapter). Make the input require grad
+  (``x.requires_grad_()``, what ``enable_input_require_grads`` does) or use ``impl="hooks"``.
+* no diagnostic when no output requires grad (``impl="hooks"``): then no operation inside
+  saved anything through the checkpoint, which costs and changes nothing, as in a plain run.
+* not supported: ``context_fn`` (``policy`` plays its role), ``debug``, ``determinism_check``
+  (the metadata check is always on) and ``GraphExecGroup``; ``use_reentrant`` is ``impl``.
+
 ``torch.utils.checkpoint`` is the oracle in the tests; nothing here calls it.
 """
 from __future__ import annotations
 
 import contextlib
+import dis
+import functools
+import inspect
+import sys
+import types
 import weakref
 from dataclasses import dataclass
 
@@ -29,101 +89,285 @@ IMPLS = ("hooks", "reentrant")
 
 
 class CheckpointError(RuntimeError):
-    """The recomputation did not reproduce what the forward saved, or inputs changed under it."""
+    """The recomputation would not reproduce the forward, so gradients would be wrong."""
 
 
-# ---------------------------------------------------------------- state to replay in recompute
-@dataclass
-class _RngState:
-    cpu: torch.Tensor | None
-    cuda_devices: list[int]
-    cuda: list[torch.Tensor]
+# ============================================================== 1. the two designs, minimal
+class MinimalReentrant(torch.autograd.Function):
+    """Design 1: forward without a graph; backward re-runs ``fn`` with one and differentiates."""
 
     @staticmethod
-    def capture(tensors, preserve: bool) -> "_RngState":
-        if not preserve:
-            return _RngState(None, [], [])
-        devices = sorted({t.get_device() for t in tensors if t.is_cuda})
-        return _RngState(torch.get_rng_state(), devices,
-                         [torch.cuda.get_rng_state(d) for d in devices])
+    def forward(ctx, fn, x):
+        ctx.fn = fn
+        ctx.save_for_backward(x)                  # the only tensor kept
+        with torch.no_grad():                     # so nothing inside fn is saved
+            return fn(x)
 
-    @contextlib.contextmanager
-    def restored(self):
-        """Run the block with the captured generator states, then put the current ones back."""
-        if self.cpu is None:
-            yield
-            return
-        with torch.random.fork_rng(devices=self.cuda_devices):
-            torch.set_rng_state(self.cpu)
-            for d, s in zip(self.cuda_devices, self.cuda):
-                torch.cuda.set_rng_state(s, d)
-            yield
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)       # a fresh leaf to build the graph from
+        with torch.enable_grad():
+            out = ctx.fn(x)                       # the recompute
+        torch.autograd.backward(out, grad_out)    # parameters inside get their .grad here
+        return None, x.grad
+
+
+def minimal_reentrant(fn, x):
+    """``fn(x)`` keeping only ``x``: the reentrant design at its smallest."""
+    return MinimalReentrant.apply(fn, x)
+
+
+def minimal_hooks(fn, x):
+    """``fn(x)`` keeping only ``x``: the saved-tensor-hooks design at its smallest."""
+    recomputed = {}                               # handle -> tensor, filled by the recompute
+    count = 0
+
+    def pack(tensor):                             # forward: autograd keeps an int instead
+        nonlocal count
+        count += 1
+        return count - 1
+
+    def unpack(handle):                           # backward: the first call re-runs fn
+        if not recomputed:
+            again = []
+            with torch.autograd.graph.saved_tensors_hooks(
+                    lambda t: again.append(t.detach()), lambda _: None), torch.enable_grad():
+                fn(x.detach().requires_grad_(x.requires_grad))
+            recomputed.update(enumerate(again))   # saved in the same order as the forward
+        return recomputed.pop(handle)             # popped: freed once backward has used it
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return fn(x)
+
+
+# ========================================================================== 2. the checks
+def _walk(obj, path: str, out: list):
+    """Collect (path, leaf) for tensors and modules in nested lists, tuples and dicts."""
+    if isinstance(obj, (torch.Tensor, nn.Module, torch.Generator)):
+        out.append((path, obj))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _walk(v, f"{path}[{i}]", out)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk(v, f"{path}[{k!r}]", out)
+
+
+def _leaves(args, kwargs) -> list[tuple[str, object]]:
+    """Tensors, modules and generators in the arguments, named like ``argument 0[1]``."""
+    out: list = []
+    for i, a in enumerate(args):
+        _walk(a, f"argument {i}", out)
+    for k, v in kwargs.items():
+        _walk(v, f"keyword argument {k!r}", out)
+    return out
+
+
+def _modules_of(fn, leaves) -> list[nn.Module]:
+    """Modules whose parameters ``fn`` uses: itself, its ``self``, its closure, its arguments."""
+    found = [m for _, m in leaves if isinstance(m, nn.Module)]
+    todo = [fn]
+    while todo:
+        f = todo.pop()
+        if isinstance(f, nn.Module):
+            found.append(f)
+        elif isinstance(f, functools.partial):
+            todo += [f.func, *f.args, *f.keywords.values()]
+        elif inspect.ismethod(f):
+            todo.append(f.__self__)
+        elif isinstance(f, (list, tuple)):
+            todo += [m for m in f if isinstance(m, nn.Module)]
+        elif isinstance(f, types.FunctionType):
+            for cell in f.__closure__ or ():
+                try:
+                    v = cell.cell_contents
+                except ValueError:             # a cell not filled yet
+                    continue
+                if isinstance(v, (nn.Module, list, tuple)):
+                    todo.append(v)
+            for name in _global_names(f.__code__):
+                v = f.__globals__.get(name)
+                if isinstance(v, nn.Module):
+                    todo.append(v)
+    return list({id(m): m for m in found}.values())
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """Names a function reads as globals (a notebook's model, a test's layer)."""
+    return tuple({i.argval for i in dis.get_instructions(code)
+                  if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")})
+
+
+# ------------------------------------------------------------------------ RNG and autocast
+def _cuda_devices(tensors, preserve: bool) -> list[int]:
+    """CUDA devices whose generators to replay; refuses devices whose generator is not."""
+    devices = set()
+    for t in tensors:
+        if t.is_cpu:
+            continue
+        kind = t.device.type
+        if kind == "cuda":
+            devices.add(t.get_device())
+        elif kind != "meta" and preserve:
+            raise CheckpointError(
+                f"a tensor of the checkpointed function is on device '{kind}', whose random "
+                "generator ckpt_lab does not replay (only CPU and CUDA ones): a dropout there "
+                "would draw another mask in the recompute. Pass preserve_rng_state=False if "
+                f"the function draws no random numbers on '{kind}'.")
+    return sorted(devices)
 
 
 def _autocast_devices() -> tuple[str, ...]:
     return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 
 
-def _capture_autocast() -> list[tuple[str, bool, torch.dtype]]:
-    return [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-            for d in _autocast_devices()]
+@dataclass
+class _Replay:
+    """What the recompute must see again: the random generators and the autocast settings."""
 
-
-@contextlib.contextmanager
-def _autocast_as(state):
-    """Re-enter the autocast settings that were active during the forward."""
-    with contextlib.ExitStack() as stack:
-        for device, enabled, dtype in state:
-            stack.enter_context(torch.autocast(device_type=device, enabled=enabled, dtype=dtype))
-        yield
-
-
-def _meta(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), t.dtype, t.device)
-
-
-def _detach_like(a):
-    """A fresh leaf with the same data and the same requires_grad, so recompute saves alike."""
-    if isinstance(a, torch.Tensor):
-        return a.detach().requires_grad_(a.requires_grad)
-    return a
-
-
-def _check_versions(refs, what: str):
-    for i, ref, version in refs:
-        t = ref()
-        if t is not None and t._version != version:
-            raise CheckpointError(
-                f"{what}: tensor argument {i} of the checkpointed function was modified in place "
-                "after it was passed in (inside the function or before backward). The recompute "
-                "would start from different values and give wrong gradients. Clone it first "
-                "(x = x.clone()) or make the in-place operation out-of-place.")
-
-
-def _version_refs(args):
-    return [(i, weakref.ref(a), a._version) for i, a in enumerate(args)
-            if isinstance(a, torch.Tensor)]
-
-
-# ---------------------------------------------------------------------------- reentrant design
-class _ReentrantCheckpoint(torch.autograd.Function):
-    """Forward without a graph; backward recomputes with one and differentiates through it."""
+    cpu_rng: torch.Tensor | None
+    cuda_devices: list[int]
+    cuda_rng: list[torch.Tensor]
+    autocast: list[tuple[str, bool, torch.dtype]]
+    generators: list[tuple[torch.Generator, torch.Tensor]]   # those passed as arguments
 
     @staticmethod
-    def forward(ctx, fn, preserve_rng_state, *args):
-        ctx.fn = fn
-        ctx.rng = _RngState.capture([a for a in args if isinstance(a, torch.Tensor)],
-                                    preserve_rng_state)
-        ctx.autocast = _capture_autocast()
-        ctx.slots = [i if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
-        ctx.tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        ctx.versions = _version_refs(args)
-        ctx.save_for_backward(*[args[i] for i in ctx.tensor_at])
+    def capture(tensors, generators, preserve_rng_state: bool) -> "_Replay":
+        autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                    for d in _autocast_devices()]
+        devices = _cuda_devices(tensors, preserve_rng_state)
+        if not preserve_rng_state:
+            return _Replay(None, [], [], autocast, [])
+        return _Replay(torch.get_rng_state(), devices,
+                       [torch.cuda.get_rng_state(d) for d in devices], autocast,
+                       [(g, g.get_state()) for g in generators])
+
+    @contextlib.contextmanager
+    def restored(self):
+        """Run the block as the forward ran; put the current generator states back after."""
+        with contextlib.ExitStack() as stack:
+            if self.cpu_rng is not None:
+                stack.enter_context(torch.random.fork_rng(devices=self.cuda_devices))
+                torch.set_rng_state(self.cpu_rng)
+                for d, s in zip(self.cuda_devices, self.cuda_rng):
+                    torch.cuda.set_rng_state(s, d)
+                for g, s in self.generators:      # put back after the block, like fork_rng
+                    stack.callback(g.set_state, g.get_state())
+                    g.set_state(s)
+            for device, enabled, dtype in self.autocast:
+                stack.enter_context(torch.autocast(device_type=device, enabled=enabled,
+                                                   dtype=dtype))
+            yield
+
+
+# -------------------------------------------------------------------------------- versions
+_EMPTY: dict[torch.device, torch.Tensor] = {}
+
+
+def _probe(t: torch.Tensor) -> torch.Tensor | None:
+    """A storage-less alias of ``t`` that shares its version counter: sees in-place edits of
+    ``t`` (and of its views and base) without keeping its memory alive."""
+    try:
+        alias = t.detach()
+        empty = _EMPTY.get(t.device)
+        if empty is None:
+            empty = _EMPTY[t.device] = torch.empty(0, device=t.device)
+        alias.data = empty                    # drops the storage, keeps the version counter
+        return alias
+    except (RuntimeError, TypeError):         # inference tensors, exotic subclasses
+        return None
+
+
+@dataclass
+class _Versions:
+    """The version of each tensor argument and module parameter when the forward began."""
+
+    inputs: list[tuple[str, weakref.ref, int]]
+    params: list[tuple[nn.Parameter, int]]
+    modules: list[nn.Module]
+
+    @staticmethod
+    def capture(leaves, params, modules) -> "_Versions":
+        return _Versions([(name, weakref.ref(t), t._version) for name, t in leaves
+                          if isinstance(t, torch.Tensor)],
+                         [(p, p._version) for p in params], modules)
+
+    def check(self):
+        """Refuse if an argument or a parameter was modified in place since the forward."""
+        for name, ref, version in self.inputs:
+            t = ref()
+            if t is not None and t._version != version:
+                raise CheckpointError(
+                    f"{name} of the checkpointed function {_describe(t)} was modified in "
+                    "place after it was passed in (inside the function or before backward); "
+                    "the recompute would start from other values and give wrong gradients. "
+                    "Clone it first (x = x.clone()) or make the in-place operation "
+                    "out-of-place.")
+        for p, version in self.params:
+            if p._version != version:
+                raise CheckpointError(
+                    f"{self._name(p)} was modified in place between the forward and the "
+                    "backward (an optimizer step or a weight update before loss.backward()?); "
+                    "the recompute would use the new values and give the gradients of a "
+                    "network that never ran. Call backward before changing the weights.")
+
+    def _name(self, p) -> str:
+        for m in self.modules:
+            for name, q in m.named_parameters():
+                if q is p:
+                    return f"parameter '{name}' of {type(m).__name__}"
+        return "a parameter"
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"({tuple(t.shape)}, {str(t.dtype).replace('torch.', '')})"
+
+
+def _modified_saved_tensor(i: int, shape, dtype, now: int, then: int) -> CheckpointError:
+    return CheckpointError(
+        f"tensor {i} that the checkpointed function saved for backward ({tuple(shape)}, "
+        f"{str(dtype).replace('torch.', '')}) was modified in place after it was saved (now at "
+        f"version {now}, saved at {then}): plain autograd refuses this too ('modified by an "
+        "inplace operation'). If it is an intermediate result, make the in-place operation "
+        "out-of-place (y = y * 3, not y.mul_(3)); if it is a parameter or a captured tensor, "
+        "do not change it between the forward and the backward.")
+
+
+# ------------------------------------------------------------------------------- metadata
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.dtype, t.device)
+
+
+def _mismatch(what: str, forward: tuple, recompute: tuple) -> CheckpointError:
+    def show(m):
+        return f"shape {tuple(m[0])}, dtype {str(m[1]).replace('torch.', '')}, device {m[2]}"
+    return CheckpointError(
+        f"{what} had {show(forward)} in the forward but {show(recompute)} in the recompute; "
+        "the checkpointed function must run the same operations both times (no branching on "
+        "global state or on a call counter).")
+
+
+def _fresh(t):
+    """The recompute's copy of an input: a new leaf if it requires grad, else ``t`` itself."""
+    if isinstance(t, torch.Tensor) and t.requires_grad:
+        return t.detach().requires_grad_(True)
+    return t
+
+
+# ================================================================ 3. the two designs, full
+class _Reentrant(torch.autograd.Function):
+    """``MinimalReentrant`` plus the checks: any positional arguments, RNG, versions, metadata."""
+
+    @staticmethod
+    def forward(ctx, fn, replay, versions, *args):
+        ctx.fn, ctx.replay, ctx.versions = fn, replay, versions
+        ctx.slots = [None if isinstance(a, torch.Tensor) else a for a in args]
+        ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
         with torch.no_grad():
             out = fn(*args)
-        single = isinstance(out, torch.Tensor)
-        outs = (out,) if single else tuple(out)
-        ctx.single = single
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
         ctx.out_meta = [_meta(o) if isinstance(o, torch.Tensor) else None for o in outs]
         return out
 
@@ -133,42 +377,35 @@ class _ReentrantCheckpoint(torch.autograd.Function):
             raise CheckpointError(
                 "impl='reentrant' works only with .backward() without `inputs`; for "
                 "torch.autograd.grad or backward(inputs=...) use impl='hooks'.")
-        _check_versions(ctx.versions, "impl='reentrant'")
-        saved = ctx.saved_tensors
-        args = list(ctx.slots)
-        for i, t in zip(ctx.tensor_at, saved):
-            args[i] = _detach_like(t)
-        with ctx.rng.restored(), _autocast_as(ctx.autocast), torch.enable_grad(), \
-                phase("recompute"):
+        ctx.versions.check()
+        saved = iter(ctx.saved_tensors)
+        args = [_fresh(next(saved)) if s is None else s for s in ctx.slots]
+        with ctx.replay.restored(), torch.enable_grad(), phase("recompute"):
             out = ctx.fn(*args)
         outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
         for k, (o, m) in enumerate(zip(outs, ctx.out_meta)):
             if m is not None and _meta(o) != m:
-                raise CheckpointError(
-                    f"impl='reentrant': output {k} was {m[:2]} in the forward but {_meta(o)[:2]} "
-                    "when recomputed; the checkpointed function must be deterministic in shape "
-                    "and dtype.")
+                raise _mismatch(f"impl='reentrant': output {k}", m, _meta(o))
         pairs = [(o, g) for o, g in zip(outs, grads)
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        in_grads = [a.grad if isinstance(a, torch.Tensor) else None for a in args]
-        return (None, None, *in_grads)
+            try:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            except RuntimeError as e:
+                if "modified by an inplace operation" not in str(e):
+                    raise
+                raise CheckpointError(
+                    "impl='reentrant': inside the checkpointed function a tensor saved for "
+                    "backward was modified in place after it was saved (autograd's message "
+                    "below names it). Make that in-place operation out-of-place (y = y * 3, "
+                    "not y.mul_(3)) or clone the tensor before modifying it.") from e
+        in_grads = [a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None
+                    for a in args]
+        return (None, None, None, *in_grads)
 
 
-def _checkpoint_reentrant(fn, args, preserve_rng_state):
-    if torch.is_grad_enabled() and not any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        raise ValueError(
-            "impl='reentrant' needs at least one tensor argument with requires_grad=True; "
-            "without one the output has no grad_fn and parameters inside get no gradient. "
-            "Call x.requires_grad_() on the input or use impl='hooks'.")
-    return _ReentrantCheckpoint.apply(fn, preserve_rng_state, *args)
-
-
-# -------------------------------------------------------------------------- saved-tensor hooks
 class _Holder:
-    """What autograd stores in place of a saved tensor: filled by the recompute, emptied on use."""
+    """What autograd stores in place of a saved tensor: filled by a recompute."""
 
     __slots__ = ("tensor", "__weakref__")
 
@@ -177,11 +414,11 @@ class _Holder:
 
 
 class _StopRecompute(Exception):
-    """Raised once the recompute has produced every tensor the forward saved."""
+    """Raised once the recompute has produced every tensor backward needs (early stop)."""
 
 
 class _SaveInputs(torch.autograd.Function):
-    """Saves the checkpoint's inputs through whatever saved-tensor hooks are active.
+    """Saves a checkpoint's inputs through whatever saved-tensor hooks are active (nesting).
 
     Inside an outer checkpoint this makes the inner checkpoint's inputs outer handles too, so
     nested checkpoints free them and recompute them on demand (what makes recursion O(log L)).
@@ -198,121 +435,183 @@ class _SaveInputs(torch.autograd.Function):
 
 
 class _Frame:
-    """Everything one hooks-checkpoint call needs to replay its function."""
+    """``minimal_hooks`` plus the checks, for one call: everything needed to replay it."""
 
-    def __init__(self, fn, args, kwargs, preserve_rng_state):
-        self.fn, self.kwargs = fn, kwargs
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        self.slots = [None if isinstance(a, torch.Tensor) else a for a in args]
-        self.requires_grad = [a.requires_grad if isinstance(a, torch.Tensor) else None
-                              for a in args]
-        self.rng = _RngState.capture(tensors, preserve_rng_state)
-        self.autocast = _capture_autocast()
-        self.versions = _version_refs(args)
+    def __init__(self, fn, args, kwargs, replay, versions, early_stop):
+        self.fn, self.replay, self.versions, self.early_stop = fn, replay, versions, early_stop
+        self.num_args, self.keys = len(args), list(kwargs)
+        values = list(args) + list(kwargs.values())
+        self.slots = [None if isinstance(v, torch.Tensor) else v for v in values]
         dummy = torch.empty(0, requires_grad=True)
-        self.saver = _SaveInputs.apply(dummy, *tensors).grad_fn
-        self.holders: list[weakref.ref] = []
-        self.metas: list[tuple] = []
+        # Keep the (empty) output: it owns the autograd node, and some PyTorch versions (2.11)
+        # free a custom Function's saved tensors once its node has no owner left.
+        self.saver_out = _SaveInputs.apply(
+            dummy, *[v for v in values if isinstance(v, torch.Tensor)])
+        self.saver = self.saver_out.grad_fn
+        # per saved tensor: holder, shape, dtype, device, version probe, version when saved
+        self.saved: list[list] = []
+        self.running = True                       # the forward has not returned yet
 
-    def pack(self, x: torch.Tensor) -> _Holder:
+    def pack(self, t: torch.Tensor) -> _Holder:
         h = _Holder()
-        self.holders.append(weakref.ref(h))
-        self.metas.append(_meta(x))
+        self.saved.append([weakref.ref(h), t.shape, t.dtype, t.device, _probe(t), t._version])
         return h
 
     def unpack(self, h: _Holder) -> torch.Tensor:
         if h.tensor is None:
             self.recompute()
-        t, h.tensor = h.tensor, None
+        t = h.tensor
+        if torch._C._current_graph_task_id() == -1:   # read outside backward: do not keep
+            _clear(self.saved)
         return t
 
-    def inputs(self) -> list:
-        _check_versions(self.versions, "impl='hooks'")
+    def _check_versions(self):
+        self.versions.check()
+        for i, (ref, shape, dtype, _, probe, version) in enumerate(self.saved):
+            if probe is not None and probe._version != version and ref() is not None:
+                raise _modified_saved_tensor(i, shape, dtype, probe._version, version)
+
+    def inputs(self):
         saved = iter(self.saver.saved_tensors)
-        return [_detach_like(next(saved)) if s is None and rg is not None else s
-                for s, rg in zip(self.slots, self.requires_grad)]
+        values = [_fresh(next(saved)) if s is None else s for s in self.slots]
+        n = self.num_args
+        return values[:n], dict(zip(self.keys, values[n:]))
 
     def recompute(self):
-        """Re-run the function, filling every still-needed holder in save order."""
-        args = self.inputs()
+        """Re-run the function, filling every live holder in save order."""
+        self._check_versions()
+        args, kwargs = self.inputs()
+        n = len(self.saved)                       # during the forward: those saved so far
+        stop = self.early_stop or self.running
         count = 0
 
         def pack(x):
             nonlocal count
             i = count
             count += 1
-            if i >= len(self.holders):
+            if i >= n:
+                if self.running:
+                    return x
                 raise CheckpointError(
                     "impl='hooks': the recompute saved more tensors than the forward did; the "
                     "checkpointed function must run the same operations both times.")
-            if _meta(x) != self.metas[i]:
-                raise CheckpointError(
-                    f"impl='hooks': saved tensor {i} was {self.metas[i][:2]} in the forward but "
-                    f"{_meta(x)[:2]} in the recompute; the function must be deterministic in "
-                    "shape and dtype (no branching on global state).")
-            h = self.holders[i]()
+            entry = self.saved[i]
+            if _meta(x) != tuple(entry[1:4]):
+                raise _mismatch(f"impl='hooks': saved tensor {i}", entry[1:4], _meta(x))
+            x = x.detach() if x.requires_grad else x   # (x itself would hold its own grad_fn)
+            h = entry[0]()
             if h is not None:
-                h.tensor = x.detach() if x.requires_grad else x
-            if count == len(self.holders):
+                h.tensor = x
+            if stop and count == n:
                 raise _StopRecompute
-            return None
+            return x                              # the recompute's own graph stays usable
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, _unreachable), \
-                self.rng.restored(), _autocast_as(self.autocast), torch.enable_grad(), \
-                phase("recompute"):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), \
+                self.replay.restored(), torch.enable_grad(), phase("recompute"):
             try:
-                self.fn(*args, **self.kwargs)
+                self.fn(*args, **kwargs)
             except _StopRecompute:
                 pass
-        if count < len(self.holders):
+        if count < n:
             raise CheckpointError(
                 f"impl='hooks': the recompute saved {count} tensors but the forward saved "
-                f"{len(self.holders)}; the checkpointed function must run the same operations "
-                "both times.")
+                f"{n}; the checkpointed function must run the same operations both times.")
+        for entry in self.saved:                  # in-place updates the recompute itself made
+            if entry[4] is not None:              # (batch-norm statistics) are not edits
+                entry[5] = entry[4]._version
+        if torch._C._current_graph_task_id() != -1:
+            # Keep the tensors until this backward ends, so a second read (a custom Function
+            # reading ctx.saved_tensors twice) gets them without another forward.
+            # (Not a method of the frame: that would keep its inputs alive until then.)
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(_clear, self.saved))
 
 
-def _checkpoint_hooks(fn, args, kwargs, preserve_rng_state):
-    frame = _Frame(fn, args, kwargs, preserve_rng_state)
-    with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
-        return fn(*args, **kwargs)
+def _clear(saved: list):
+    """Empty the holders a recompute filled."""
+    for entry in saved:
+        h = entry[0]()
+        if h is not None:
+            h.tensor = None
 
 
-# ------------------------------------------------------------------------------- public API
+def _checkpoint_hooks(fn, args, kwargs, replay, versions, early_stop):
+    frame = _Frame(fn, args, kwargs, replay, versions, early_stop)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
+            return fn(*args, **kwargs)
+    finally:
+        frame.running = False
+
+
+# =========================================================================== 4. the API
+_TORCH_ONLY = {
+    "use_reentrant": "ckpt_lab calls it impl: impl='reentrant' or impl='hooks'",
+    "context_fn": "selective checkpointing is policy=... here (see ckpt_lab.selective)",
+    "determinism_check": "the shape/dtype check of every recomputed tensor is always on",
+    "debug": "not supported; run the function without checkpoint to debug it",
+}
+
+
 def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, policy=None,
-               **kwargs):
+               early_stop: bool = True, **kwargs):
     """Run ``fn(*args, **kwargs)`` keeping only its inputs; recompute the rest in backward.
 
+    ``impl`` picks the design (``"hooks"``, the default, or ``"reentrant"``).
+    ``preserve_rng_state`` replays the random generators so dropout draws the same mask.
     ``policy`` (selective checkpointing, see ``ckpt_lab.selective``) keeps the outputs of the
     operations it chooses instead of recomputing them: a callable ``policy(op, *args,
     **kwargs) -> bool``, a collection of ATen ops, or a name such as ``"save_matmuls"``.
-    The names ``impl``, ``preserve_rng_state`` and ``policy`` belong to ``checkpoint``, so
-    ``fn`` cannot receive keyword arguments with those names.
+    ``early_stop`` (hooks only) ends the recompute as soon as backward has every tensor it
+    needs; the reentrant design always re-runs all of ``fn``, since it needs its outputs.
+    The names ``impl``, ``preserve_rng_state``, ``policy``, ``early_stop`` and PyTorch's
+    ``use_reentrant``, ``context_fn``, ``determinism_check``, ``debug`` belong to
+    ``checkpoint``, so ``fn`` cannot receive keyword arguments with those names.
+    See the module docstring for what is checked and how this differs from PyTorch's.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if not callable(fn):
         raise TypeError(f"checkpoint needs a callable first argument, got {type(fn).__name__}")
-    if policy is not None:
-        fn = SelectiveFunction(fn, policy, error=CheckpointError)
+    for name in _TORCH_ONLY.keys() & kwargs.keys():
+        raise TypeError(f"checkpoint() got {name}=, an argument of torch.utils.checkpoint: "
+                        f"{_TORCH_ONLY[name]}.")
+    selective = None if policy is None else SelectiveFunction(fn, policy, error=CheckpointError)
     if not torch.is_grad_enabled():
-        return fn(*args, **kwargs) if policy is None else fn.fn(*args, **kwargs)
-    if impl == "reentrant":
-        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-            raise ValueError("impl='reentrant' cannot take tensors as keyword arguments (they "
-                             "would get no gradient); pass them positionally or use "
-                             "impl='hooks'.")
-        if kwargs:
-            fn = _bind(fn, kwargs)
-        return _checkpoint_reentrant(fn, args, preserve_rng_state)
-    return _checkpoint_hooks(fn, args, kwargs, preserve_rng_state)
+        return fn(*args, **kwargs)
+    leaves = _leaves(args, kwargs)
+    modules = _modules_of(fn, leaves)
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())
+    tensors = [t for _, t in leaves if isinstance(t, torch.Tensor)]
+    generators = [g for _, g in leaves if isinstance(g, torch.Generator)]
+    replay = _Replay.capture(tensors + params, generators, preserve_rng_state)
+    versions = _Versions.capture(leaves, params, modules)
+    fn = fn if selective is None else selective
+    if impl == "hooks":
+        return _checkpoint_hooks(fn, args, kwargs, replay, versions, early_stop)
+    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        raise ValueError("impl='reentrant' cannot take tensors as keyword arguments (they "
+                         "would get no gradient); pass them positionally or use "
+                         "impl='hooks'.")
+    nested = [name for name, t in leaves
+              if "[" in name and isinstance(t, torch.Tensor) and t.requires_grad]
+    if nested:
+        raise ValueError(f"impl='reentrant' gives gradients only to tensors passed directly; "
+                         f"{nested[0]} sits in a list, tuple or dict and would get none. Pass "
+                         "it as a separate argument or use impl='hooks'.")
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        raise ValueError(
+            "impl='reentrant' needs at least one tensor argument with requires_grad=True; "
+            "without one the output has no grad_fn and parameters inside get no gradient "
+            "(torch.utils.checkpoint runs it and they silently stay None). Call "
+            "x.requires_grad_() on the input, use impl='hooks', or run under torch.no_grad() "
+            "if nothing inside needs a gradient.")
+    if kwargs:
+        fn = functools.partial(fn, **kwargs)
+    return _Reentrant.apply(fn, replay, versions, *args)
 
 
-def _bind(fn, kwargs):
-    def bound(*a):
-        return fn(*a, **kwargs)
-    return bound
-
-
+# ===================================================================== chains of layers
 def segment_starts(num_layers: int, segments: int | None = None,
                    boundaries=None) -> list[int]:
     """Validated segment starts (beginning with 0) from a segment count or explicit starts."""
@@ -357,12 +656,14 @@ def run_in_order(layers):
 
 
 def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks",
-                          preserve_rng_state: bool = True, policy=None):
+                          preserve_rng_state: bool = True, policy=None,
+                          early_stop: bool = True):
     """Run ``layers`` on ``x`` in segments; every segment but the last is checkpointed.
 
     The last segment runs normally, as in ``torch.utils.checkpoint.checkpoint_sequential``:
     backward starts there and needs all its activations at once, so recomputing it would free
-    nothing at the peak and cost one more forward of it. ``policy`` is passed to ``checkpoint``.
+    nothing at the peak and cost one more forward of it. ``policy`` and ``early_stop`` are
+    passed to ``checkpoint``.
     """
     layers = layer_list(layers)
     starts = segment_starts(len(layers), segments, boundaries)
@@ -371,10 +672,17 @@ def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks
         run = run_in_order(layers[a:b])
         last = k == len(starts) - 1
         x = run(x) if last else checkpoint(run, x, impl=impl, policy=policy,
-                                           preserve_rng_state=preserve_rng_state)
+                                           preserve_rng_state=preserve_rng_state,
+                                           early_stop=early_stop)
     return x
 
 
-def _unreachable(_):
-    raise CheckpointError("the graph built during a recompute cannot be differentiated; "
-                          "call backward on the original output instead")
+# ``ckpt_lab.checkpoint`` is this module (``import ckpt_lab.checkpoint`` gives it), and calling
+# it calls the function, so ``from ckpt_lab import checkpoint; checkpoint(fn, x)`` works too.
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return checkpoint(*args, **kwargs)
+
+
+__signature__ = inspect.signature(checkpoint)
+sys.modules[__name__].__class__ = _CallableModule

@@ -2,6 +2,9 @@
 
 * Where the course lives (`REPO_SLUG`, `BRANCH`) is written here once; the Colab and Binder
   badges of every notebook are built from it, and a test holds each notebook to its own links.
+* `install_spec` is what every notebook's first cell installs where ckpt_lab is missing (Colab):
+  this release, by its git tag, so a lesson saved last month keeps the library it was written
+  for; `setup` then prints the device and versions the lesson will run with.
 * `pick_device` and `sizes` let one notebook run in seconds on a 2-core CPU and at realistic
   sizes on a GPU, without the learner editing anything.
 * `compare` prints a measurement next to its formula and fails loudly when they drift apart,
@@ -10,8 +13,10 @@
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from types import SimpleNamespace
 
 import torch
@@ -35,6 +40,7 @@ LESSONS = {
     "09_checking_the_claims": "Checking the claims of the source articles",
     "10_your_own_model": "Your own model: profile, plan, apply, verify",
     "11_checkpointing_in_your_stack": "Checkpointing in your stack: Hugging Face, selective API, offload, torch.compile",
+    "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
 }
 
 MIB = 2 ** 20
@@ -80,7 +86,35 @@ def lesson_links_markdown() -> str:
                      for name, title in LESSONS.items())
 
 
+def install_spec(version: str | None = None) -> str:
+    """The pip requirement a notebook's first cell installs: this release's git tag."""
+    from . import __version__
+    return f"ckpt-lab @ git+https://github.com/{REPO_SLUG}@v{version or __version__}"
+
+
 # ------------------------------------------------------------------------- device and sizes
+GPU_HINT = "on Colab, Runtime > Change runtime type > a GPU (e.g. T4), then run all again"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def setup() -> None:
+    """Print the device this lesson will use and the versions it runs with (first cell)."""
+    from . import __version__
+    device = pick_device()
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        where = f"cuda ({props.name}, {fmt_bytes(props.total_memory)}), at the lessons' GPU sizes."
+    else:
+        where = f"cpu, at the lessons' small CPU sizes. For a GPU: {GPU_HINT}."
+    print(f"Device: {where}\nckpt_lab {__version__}, torch {torch.__version__}, "
+          f"ipywidgets {_version('ipywidgets')}, Python {sys.version.split()[0]}")
+
 def pick_device(prefer: str | None = None) -> torch.device:
     """CUDA when present (or asked for), CPU otherwise."""
     if prefer is not None:

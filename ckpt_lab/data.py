@@ -1,9 +1,10 @@
 """Data that needs no download: a byte-level corpus of Python stdlib source, and toy images.
 
 The corpus is built from the standard library's own ``.py`` files, which every Python has,
-chosen deterministically (sorted names, a fixed number of bytes from each). A fixed sample is
-committed as ``data/stdlib_sample.txt`` so results never depend on the local Python; rebuild
-it with ``python -m ckpt_lab.data``. Batches are drawn from a ``torch.Generator`` seeded by
+chosen deterministically (sorted names, a fixed number of bytes from each). One fixed sample is
+committed as ``data/stdlib_sample.txt`` and shipped inside the wheel (as ``ckpt_lab/corpus/``,
+see pyproject.toml), so every install reads the same bytes whatever its Python; rebuild it
+with ``python -m ckpt_lab.data``. Batches are drawn from a ``torch.Generator`` seeded by
 ``(seed, step)``, so two runs, or a run resumed at step k, see the same batches.
 """
 from __future__ import annotations
@@ -16,8 +17,12 @@ from pathlib import Path
 
 import torch
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-SAMPLE_PATH = DATA_DIR / "stdlib_sample.txt"
+SAMPLE_NAME = "stdlib_sample.txt"
+# An installed wheel holds the sample beside this file; a checkout (or an editable install)
+# holds the same file in the repository's data/ folder.
+_INSTALLED = Path(__file__).resolve().parent / "corpus" / SAMPLE_NAME
+_CHECKOUT = Path(__file__).resolve().parent.parent / "data" / SAMPLE_NAME
+SAMPLE_PATH = _INSTALLED if _INSTALLED.exists() else _CHECKOUT
 SAMPLE_MAX_BYTES = 262_144
 PER_FILE_BYTES = 8_192
 
@@ -41,7 +46,7 @@ def build_corpus(root: str | os.PathLike | None = None, max_bytes: int = SAMPLE_
     """
     if max_bytes < 1 or per_file_bytes < 1:
         raise ValueError("max_bytes and per_file_bytes must be positive")
-    parts, total = [], 0
+    parts, total, too_big = [], 0, 0
     for path in stdlib_sources(root):
         text = path.read_bytes()
         if not text.isascii():
@@ -53,15 +58,19 @@ def build_corpus(root: str | os.PathLike | None = None, max_bytes: int = SAMPLE_
         if not part.endswith(b"\n"):
             part += b"\n"
         if total + len(part) > max_bytes:
+            too_big = len(part)
             break
         parts.append(part)
         total += len(part)
+    if not parts and too_big:
+        raise ValueError(f"the first excerpt ({too_big:,} bytes) is larger than "
+                         f"max_bytes={max_bytes:,}; raise max_bytes")
     if not parts:
         raise ValueError(f"no ASCII *.py files found under {root}; pass the stdlib directory")
     return b"".join(parts)
 
 
-def write_corpus(path: str | os.PathLike = SAMPLE_PATH, **kwargs) -> Path:
+def write_corpus(path: str | os.PathLike, **kwargs) -> Path:
     """Build the corpus and write it atomically to ``path``; returns the path."""
     path = Path(path)
     data = build_corpus(**kwargs)
@@ -75,14 +84,13 @@ def write_corpus(path: str | os.PathLike = SAMPLE_PATH, **kwargs) -> Path:
 def load_corpus(path: str | os.PathLike | None = None) -> torch.Tensor:
     """The corpus as a 1-D int64 tensor of byte values (vocabulary of 256).
 
-    Without a path it reads the committed sample, or, where the package was installed without
-    the repository's data/ folder (pip from git, as on Colab), builds the same kind of corpus
-    from this Python's standard library. It never downloads.
+    Without a path it reads the committed sample, the same bytes in a checkout and in an
+    installed wheel, never this Python's own standard library. It never downloads.
     """
-    if path is None:
-        data = SAMPLE_PATH.read_bytes() if SAMPLE_PATH.exists() else build_corpus()
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
-    path = Path(path)
+    if path is None and not SAMPLE_PATH.exists():
+        raise ValueError(f"the corpus sample {SAMPLE_PATH} is missing from this install; "
+                         "reinstall ckpt-lab from a wheel or the repository (`pip install .`)")
+    path = Path(SAMPLE_PATH if path is None else path)
     if not path.exists():
         raise ValueError(f"{path} does not exist; rebuild it with `python -m ckpt_lab.data`")
     data = path.read_bytes()
@@ -179,13 +187,21 @@ def batches_for(config, batch_size: int, tokens: torch.Tensor | None = None, see
 
 
 def main(argv=None):
-    """Command line: rebuild the committed corpus sample from this Python's stdlib."""
-    ap = argparse.ArgumentParser(prog="python -m ckpt_lab.data", description=main.__doc__)
-    ap.add_argument("--out", default=str(SAMPLE_PATH))
+    """Command line: build a corpus sample from this Python's stdlib, into the current folder.
+
+    It never writes into an installed package: the default is ./stdlib_sample.txt; to rebuild
+    the repository's sample, run it from the repository root with ``--out data/stdlib_sample.txt``.
+    """
+    ap = argparse.ArgumentParser(prog="python -m ckpt_lab.data",
+                                 description=main.__doc__.splitlines()[0])
+    ap.add_argument("--out", default=SAMPLE_NAME,
+                    help=f"file to write (default: ./{SAMPLE_NAME})")
     ap.add_argument("--root", default=None, help="stdlib directory (default: this Python's)")
     ap.add_argument("--max-bytes", type=int, default=SAMPLE_MAX_BYTES)
     ap.add_argument("--per-file-bytes", type=int, default=PER_FILE_BYTES)
     args = ap.parse_args(argv)
+    if Path(__file__).resolve().parent in Path(args.out).resolve().parents:
+        ap.error(f"--out {args.out} is inside the installed package; write elsewhere")
     path = write_corpus(args.out, root=args.root, max_bytes=args.max_bytes,
                         per_file_bytes=args.per_file_bytes)
     print(f"wrote {path.stat().st_size:,} bytes to {path}")

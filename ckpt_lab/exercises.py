@@ -1,6 +1,6 @@
 """Exercises of the lessons and the functions that check a learner's answer.
 
-``check("03.optimal_segments", answer)`` prints ✓ when the answer is right, a hint when it is
+``check("03.peak_at_six", answer)`` prints ✓ when the answer is right, a hint when it is
 not, "not answered yet" for ``None``, and returns a bool; it never raises on a wrong answer,
 so a notebook left unanswered still runs top to bottom. ``question(key)`` gives the text.
 
@@ -9,6 +9,7 @@ Expected answers are never typed in: each is computed when checked, from
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -48,13 +49,33 @@ def _close(answer, expected: float, rel: float, hint_low: str, hint_high: str):
 
 
 # ------------------------------------------------------------------------------ lesson 1
-def _adam_mixed(answer):
-    expected = formulas.model_state_per_param("mixed", "adam").total
-    return _close(answer, expected, 1e-9,
-                  "Too few: besides the 16-bit weights and gradients, Adam keeps an fp32 "
-                  "master copy of the weights and two fp32 moments (momentum and variance).",
-                  "Too many: with ZeRO's accounting the gradients stay 16-bit (2 bytes) and "
-                  "there is one fp32 master copy (4) plus two fp32 moments (4 + 4).")
+FROZEN_ADAMW_CONFIG = dict(block_size=16, width=64, depth=3)
+
+
+def frozen_adamw_step_bytes() -> int:
+    """Measured: the bytes the first AdamW step adds to the 01.1 model (embedding frozen)."""
+    from .memory import track_memory
+    from .models import MLPConfig, build_model
+    model = build_model(MLPConfig(**FROZEN_ADAMW_CONFIG))
+    model.chain[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 256, (4, FROZEN_ADAMW_CONFIG["block_size"]))
+    model(x, x).backward()
+    with track_memory() as mem:
+        optimizer.step()
+    return mem.current_bytes
+
+
+def _frozen_adamw(answer):
+    expected = frozen_adamw_step_bytes()
+    return _close(answer, expected, 1e-3,
+                  "Too few: AdamW keeps two fp32 tensors (exp_avg and exp_avg_sq) the size of "
+                  "every parameter it updates, 8 bytes per parameter: count the biases and the "
+                  "head's weight too, not only the blocks' weights.",
+                  "Too many: a frozen parameter gets no gradient, and AdamW skips a parameter "
+                  "whose .grad is None, so the embedding gets no state. Count only the blocks "
+                  "and the head, 8 bytes per parameter (the step counters add 4 bytes per "
+                  "tensor, within the tolerance).")
 
 
 def _block_bytes(answer):
@@ -66,10 +87,11 @@ def _block_bytes(answer):
     prof = profile_layers(chain, torch.randn(tokens, width), repeats=1)
     expected = prof[1].act_bytes
     return _close(answer, expected, 1e-3,
-                  "Too few: count one (tokens x width) fp32 tensor the block must keep; "
-                  "tokens = batch x positions.",
-                  "Too many: the Linear's input is the previous block's ReLU output, already "
-                  "kept, and the pre-activation is freed once ReLU saved its own output.")
+                  "Too few: ReLU's backward needs its output, so the block keeps one "
+                  "(tokens x width) fp32 tensor; tokens = batch x positions = 8 x 64.",
+                  "Too many: do not count the block's input: it is the previous block's ReLU "
+                  "output, already kept by that block (the Linear reuses it). And the Linear's "
+                  "output is freed once ReLU has made and saved its own output.")
 
 
 def _adam_fp32_7b(answer):
@@ -195,13 +217,41 @@ def _rng_layers(answer):
 
 
 # ------------------------------------------------------------------------------ lesson 3
-def _optimal_segments(answer):
-    expected = formulas.optimal_segment_count(16, 1, 1)
+def chain_peak_units(layers: int, segments: int, width: int = 64, tokens: int = 512) -> float:
+    """Measured: the step peak of `layers` MLP blocks in `segments`, in units of one block's
+    activations, less the backward's fixed extra (the gradient in flight and one weight
+    gradient, measured as the plain run's peak minus its `layers` kept units)."""
+    from .memory import track_memory
+    from .checkpoint import checkpoint_sequential
+    from .models import MLPBlock
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[MLPBlock(width) for _ in range(layers)])
+    x = torch.randn(tokens, width, requires_grad=True)
+    unit = x.numel() * x.element_size()
+    for p in blocks.parameters():
+        p.grad = torch.zeros_like(p)
+    peaks = []
+    for k in (1, segments):
+        with track_memory() as log:
+            checkpoint_sequential(blocks, x, segments=k).sum().backward()
+        peaks.append(log.peak_bytes)
+    extra = peaks[0] - layers * unit
+    return (peaks[1] - extra) / unit
+
+
+def _peak_at_six(answer):
+    expected = chain_peak_units(16, 6)
+    five = chain_peak_units(16, 5)
     value = _number(answer)
-    if value == expected:
-        return True, f"{expected} segments: peak (S - 1) + 16 / S layers is least there."
-    return False, ("Write the peak as (S - 1) kept inputs + 16 / S layers of the last segment "
-                   "and try S = 2, 3, 4, 5, 8 (the last segment takes the remainder).")
+    if math.isclose(value, expected, rel_tol=0.02):
+        return True, (f"measured {expected:.1f} units at 6 segments, more than {five:.1f} at 5: "
+                      "16 // 6 = 2 layers per segment leaves the last one 6 layers.")
+    if value < expected:
+        return False, ("Too few: checkpoint_sequential makes segments of 16 // 6 = 2 layers "
+                       "and the last takes the remainder, 16 - 5 x 2 layers; add the 5 kept "
+                       "inputs of the earlier segments.")
+    return False, ("Too many: only the last segment is alive in full (16 - 5 x 2 layers), "
+                   "plus one kept input for each of the 5 earlier segments.")
 
 
 def _peak_in_layers(answer):
@@ -217,30 +267,103 @@ def _sqrt_growth(answer):
         s = formulas.optimal_segment_count(n, 1, 1)
         return formulas.uniform_peak_bytes(n, s, 1, 1)
     expected = best(64) / best(16)
-    return _close(answer, expected, 0.05,
-                  "Too small: the optimal peak is about 2 sqrt(L) layers, so compute "
-                  "best(64) / best(16) with best(L) = min over S of (S - 1) + L / S.",
+    return _close(answer, expected, 0.02,
+                  "Too small: 2 sqrt(64) / 2 sqrt(16) = 2 is the continuous estimate; count "
+                  "exactly, best(L) = min over whole S of (S - 1) + (layers in the last "
+                  "segment): at S = sqrt(L) that is 2 sqrt(L) - 1, not 2 sqrt(L).",
                   "Too large: 4x more layers without checkpoints is 4x the memory, but with "
-                  "the best segmentation the peak grows like sqrt(L).")
+                  "the best segmentation the peak grows like sqrt(L): (2 sqrt(64) - 1) / "
+                  "(2 sqrt(16) - 1).")
 
 
 # ------------------------------------------------------------------------------ lesson 4
-def _full_recompute_ratio(answer):
-    expected = (formulas.dense_training_flops(10 ** 6, 10 ** 3, 1.0)
-                / formulas.dense_training_flops(10 ** 6, 10 ** 3, 0.0))
-    return _close(answer, expected, 0.01,
-                  "Too small: recomputation adds one whole forward (2NT) to a step of "
-                  "forward 2NT + backward 4NT.",
-                  "Too large: backward costs twice the forward, so one extra forward is a "
-                  "third of a step, not a half.")
+CANDIDATE_MODULES = {
+    "Linear": lambda: nn.Linear(16, 16), "ReLU": nn.ReLU, "GELU": nn.GELU,
+    "Dropout": lambda: nn.Dropout(0.5),
+    "Linear->ReLU": lambda: nn.Sequential(nn.Linear(16, 16), nn.ReLU()),
+    "ReLU->Linear": lambda: nn.Sequential(nn.ReLU(), nn.Linear(16, 16)),
+    "Linear->ReLU->Linear": lambda: nn.Sequential(nn.Linear(16, 16), nn.ReLU(),
+                                                  nn.Linear(16, 16)),
+}
 
 
-def _recomputed_layers(answer):
-    expected = formulas.recompute_layers(formulas.uniform_boundaries(12, 4), 12)
-    return _close(answer, expected, 1e-9,
-                  "Too few: every segment but the last is re-run in backward; 3 segments of "
-                  "12 // 4 layers.",
-                  "Too many: the last segment is not checkpointed, so it is not re-run.")
+def checkpoint_saving_bytes() -> dict[str, int]:
+    """Measured: bytes `checkpoint` saves after the forward of each candidate, x of (64, 16)."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 16, requires_grad=True)
+    out = {}
+    for name, make in CANDIDATE_MODULES.items():
+        m = make()
+        out[name] = kept_after_forward(m, x) - kept_after_forward(lambda t: checkpoint(m, t), x)
+    return out
+
+
+def _no_saving_modules(answer):
+    if isinstance(answer, str):
+        answer = {answer}
+    try:
+        given = {str(a) for a in answer}
+    except TypeError:
+        return False, "Give a set of names, e.g. {'Linear', 'ReLU'}."
+    unknown = given - set(CANDIDATE_MODULES)
+    if unknown:
+        return False, f"Unknown names {sorted(unknown)}; choose from {sorted(CANDIDATE_MODULES)}."
+    saving = checkpoint_saving_bytes()
+    expected = {n for n, b in saving.items() if b <= 0}
+    if given == expected:
+        return True, (f"{sorted(given)}: each keeps only a tensor that is alive anyway (its "
+                      "input, which the checkpoint keeps, or its output). Measured savings: "
+                      + ", ".join(f"{n} {b} B" for n, b in saving.items()))
+    wrong = sorted(given - expected)
+    if wrong:
+        return False, (f"{wrong} keep something besides their input and output (a ReLU output "
+                       "inside, a dropout mask): checkpointing drops it. Measure each with "
+                       "kept_after_forward(m, x) against kept_after_forward(lambda t: "
+                       "checkpoint(m, t), x).")
+    return False, ("Something that saves nothing is missing: a module whose only saved tensor "
+                   "is its input (kept by the checkpoint anyway) or its own output.")
+
+
+def _mlp_for_policy():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+
+
+def policy_cost(policy) -> dict[str, int]:
+    """Measured for the (Linear 16->64, GELU, Linear 64->16) MLP on x of (64, 16): bytes kept
+    after the forward and FLOPs of a step, plain, fully checkpointed and with ``policy``."""
+    from torch.utils.flop_counter import FlopCounterMode
+    mlp = _mlp_for_policy()
+    x = torch.randn(64, 16, requires_grad=True)
+    runs = {"plain": lambda t: mlp(t), "full": lambda t: checkpoint(mlp, t),
+            "policy": lambda t: checkpoint(mlp, t, policy=policy)}
+    out = {}
+    for name, run in runs.items():
+        out[f"{name}_bytes"] = kept_after_forward(run, x)
+        with FlopCounterMode(display=False) as counter:
+            run(x).sum().backward()
+        out[f"{name}_flops"] = counter.get_total_flops()
+    return out
+
+
+def _selective_policy(answer):
+    if not callable(answer):
+        return False, ("Pass your policy itself: a function policy(op, *args, **kwargs) -> bool, "
+                       "True to keep the op's output.")
+    try:
+        c = policy_cost(answer)
+    except Exception as e:  # the learner's code: report, do not raise
+        return False, f"Your policy raised {type(e).__name__}: {e}"
+    summary = (f"kept {c['policy_bytes']:,} B (plain {c['plain_bytes']:,}, full checkpoint "
+               f"{c['full_bytes']:,}); step FLOPs {c['policy_flops']:,} (plain "
+               f"{c['plain_flops']:,})")
+    if c["policy_flops"] > c["plain_flops"]:
+        return False, (f"A matmul is re-run: {summary}. Return True for the matmul ops "
+                       "(op.overloadpacket in ckpt_lab.selective.MATMUL_OPS: aten.addmm, aten.mm).")
+    if c["policy_bytes"] >= c["plain_bytes"]:
+        return False, (f"Nothing is dropped: {summary}. Return False for the GELU so its "
+                       "output is recomputed.")
+    return True, f"{summary}: the GELU output is dropped and no matmul is re-run."
 
 
 # ------------------------------------------------------------------------------ lesson 5
@@ -273,11 +396,17 @@ def _selective_fraction(answer):
 
 
 EXERCISES = {e.key: e for e in [
-    Exercise("01.adam_mixed_bytes", "Mixed-precision training with Adam, ZeRO's accounting "
-             "(16-bit weights and gradients): how many bytes per parameter?", _adam_mixed),
+    Exercise("01.frozen_adamw_bytes", "Predict, then measure: build_model(MLPConfig("
+             "block_size=16, width=64, depth=3)) with its embedding frozen "
+             "(model.chain[0].requires_grad_(False)), all parameters given to AdamW, after one "
+             "forward + backward: how many bytes does the first optimizer.step() add? Work it "
+             "out from the shapes first (vocabulary 256), then measure it with track_memory.",
+             _frozen_adamw),
     Exercise("01.block_activation_bytes", "One MLPBlock (Linear -> ReLU, width 512, fp32, no "
              "dropout) in the middle of a chain, batch of 8 rows x 64 positions: how many bytes "
-             "does it keep for backward?", _block_bytes),
+             "does this block add to what the chain keeps for backward? Count the tensors the "
+             "block creates and keeps; its input is the previous block's output, kept by that "
+             "block, so it does not count here.", _block_bytes),
     Exercise("01.adam_fp32_7b", "A 7-billion-parameter model trained in fp32 with Adam: how "
              "many GiB do weights, gradients and optimizer states take?", _adam_fp32_7b),
     Exercise("02.my_checkpoint", "Pass your checkpoint function (fn, x) -> fn(x): it must give "
@@ -288,17 +417,21 @@ EXERCISES = {e.key: e for e in [
              _branch_saving),
     Exercise("02.rng_layers", "Which of Linear, ReLU, Dropout, BatchNorm1d need the RNG state "
              "restored for the recompute? Give a set of names.", _rng_layers),
-    Exercise("03.optimal_segments", "16 identical layers, a kept input as large as one layer's "
-             "activations: which segment count gives checkpoint_sequential the least peak?",
-             _optimal_segments),
+    Exercise("03.peak_at_six", "The chain of 16 MLP blocks with checkpoint_sequential(segments=6): "
+             "predict its peak in units of one block's activations, counting the kept inputs "
+             "and the last segment's layers (leave out the backward's a + w); the check "
+             "measures it.", _peak_at_six),
     Exercise("03.peak_in_layers", "36 identical layers in 6 uniform segments: the peak, in "
              "units of one layer's activations (a kept input is one unit)?", _peak_in_layers),
     Exercise("03.sqrt_growth", "With the best segment count each time, by what factor does the "
              "peak grow from 16 to 64 layers?", _sqrt_growth),
-    Exercise("04.full_recompute_ratio", "Dense model, forward 2NT FLOPs, backward 4NT: FLOPs of "
-             "a step with full recomputation divided by FLOPs without?", _full_recompute_ratio),
-    Exercise("04.recomputed_layers", "checkpoint_sequential on 12 layers with segments=4: how "
-             "many layer forwards does backward re-run?", _recomputed_layers),
+    Exercise("04.no_saving_modules", "Of Linear, ReLU, GELU, Dropout, Linear->ReLU, "
+             "ReLU->Linear and Linear->ReLU->Linear (width 16): for which does checkpoint(m, x) "
+             "keep no fewer bytes after the forward than m(x)? Give a set of names.",
+             _no_saving_modules),
+    Exercise("04.selective_policy", "Pass a policy(op, *args, **kwargs) -> bool for "
+             "checkpoint(mlp, x, policy=...) on Linear(16, 64) -> GELU -> Linear(64, 16): it "
+             "must keep fewer bytes than a plain run and re-run no matmul.", _selective_policy),
     Exercise("05.megatron_gib", "GPT-3 (s=2048, b=1, h=12288, a=96), 16-bit: GiB of "
              "activations per layer by Megatron's sbh(34 + 5as/h)?", _megatron_gib),
     Exercise("05.crossover_seq", "GPT-2 small (h=768, a=12): at what sequence length does the "
@@ -404,13 +537,55 @@ def _plan_recompute(answer):
                    "fits; try planner.optimal_segments(act, out, [1] * 12, 14).")
 
 
-def _bisection_forwards(answer):
-    expected = 32 + formulas.bisection_cost(32, 1, 1).recompute_layers
-    return _close(answer, expected, 1e-9,
-                  "Too few: besides the 32 forwards, each layer is re-run once per level at "
-                  "which it lies in a first half: (L/2) log2 L recomputed layers.",
-                  "Too many: the second half of each split is not checkpointed at that level; "
-                  "(L/2) log2 L layers are recomputed, on top of the 32 forwards.")
+def budget_chain():
+    """Lesson 6, exercise 2: eight Linear -> GELU layers of unequal width, their input, and a
+    budget for one step's peak (bytes, as track_memory counts them)."""
+    torch.manual_seed(0)
+    widths = [64, 512, 64, 384, 32, 512, 64, 256, 16]
+    layers = [nn.Sequential(nn.Linear(a, b), nn.GELU()) for a, b in zip(widths, widths[1:])]
+    x = torch.randn(128, 64)
+    return layers, x, int(0.55 * _step_peak(layers, x, [0]))
+
+
+def _step_peak(layers, x, starts) -> int:
+    """Measured peak of checkpoint_sequential + .float().sum().backward(), grads allocated."""
+    from .checkpoint import checkpoint_sequential
+    from .memory import track_memory
+    for layer in layers:
+        for p in layer.parameters():
+            p.grad = torch.zeros_like(p)
+    with track_memory() as mem:
+        checkpoint_sequential(layers, x, boundaries=starts).float().sum().backward()
+    return mem.peak_bytes
+
+
+def _plan_for_budget(answer):
+    from .checkpoint import segment_starts
+    from .memory import profile_layers
+    from .planner import optimal_segments
+    layers, x, budget = budget_chain()
+    if not isinstance(answer, (list, tuple)) or not all(
+            isinstance(b, int) and not isinstance(b, bool) for b in answer):
+        return False, "Answer a list of segment starts (layer indices), e.g. [0, 2, 5]."
+    try:
+        starts = segment_starts(len(layers), boundaries=list(answer))
+    except ValueError as e:
+        return False, str(e)
+    measured = _step_peak(layers, x, starts)
+    profile = [dataclasses.replace(p, forward_seconds=1.0)
+               for p in profile_layers(layers, x, repeats=1)]
+    best = optimal_segments(profile, budget)
+    if measured > budget:
+        return False, (f"{starts} measures {measured:,} bytes, over the budget of {budget:,}. "
+                       "Predict before you run: planner.step_peak_bytes(starts, profile) tells "
+                       "you which segment peaks; cut the wide layers finer or start the last "
+                       "segment later.")
+    if starts[-1] > best.boundaries[-1]:
+        return False, (f"{starts} fits ({measured:,} of {budget:,} bytes) but recomputes "
+                       f"{starts[-1]} layers; a plan that fits recomputes fewer. The last "
+                       "segment is never recomputed: start it as early as the budget allows.")
+    return True, (f"{starts} measures {measured:,} of {budget:,} bytes and recomputes "
+                  f"{starts[-1]} layers, the fewest any plan that fits can.")
 
 
 def _bisection_peak(answer):
@@ -428,9 +603,11 @@ EXERCISES.update({e.key: e for e in [
              "to run: under a budget of 14 units, how many layer forwards does the cheapest plan "
              "recompute?",
              _plan_recompute),
-    Exercise("06.bisection_forwards", "checkpoint_recursive on 32 identical layers: how many "
-             "layer forwards does one step run in all (forward plus recompute)?",
-             _bisection_forwards),
+    Exercise("06.plan_for_budget", "The chain of exercises.budget_chain() (eight Linear -> "
+             "GELU layers of unequal width, its input and a budget): choose segment starts so "
+             "that one step (checkpoint_sequential + .float().sum().backward()) measures within "
+             "the budget while recomputing as few layers as possible. Predict with "
+             "planner.step_peak_bytes first; the check measures.", _plan_for_budget),
     Exercise("06.bisection_peak", "64 identical layers, each keeping 1 unit, a kept input 1 "
              "unit: the peak of recursive bisection, in units (formulas.bisection_cost's model)?",
              _bisection_peak),
@@ -533,15 +710,32 @@ def _accumulation_flops(answer):
 
 
 # ------------------------------------------------------------------------------ lesson 8
-def _llama7b_state(answer):
-    from .capacity import TransformerConfig
-    cfg = TransformerConfig(32, 4096, 32, 4096, vocab=32000)
-    expected = formulas.model_state_bytes(cfg.num_params, "mixed", "adam") / GIB
+FUSED_BLOCK = dict(batch=8, seq=64, n_embd=128, n_head=4)
+
+
+def fused_block_saved_bytes() -> int:
+    """Measured bytes one `models.Block` with attn_impl="sdpa" keeps for backward (fp32, no
+    dropout, FUSED_BLOCK's sizes), its input included: what exercise 08.1 predicts."""
+    from .course import kept_after_forward
+    from .models import GPTConfig, build_model
+    b, t, c, h = (FUSED_BLOCK[k] for k in ("batch", "seq", "n_embd", "n_head"))
+    model = build_model(GPTConfig(block_size=t, n_layer=1, n_head=h, n_embd=c, dropout=0.0,
+                                  attn_impl="sdpa"))
+    x = torch.randn(b, t, c, requires_grad=True)
+    # allocated and alive after forward: everything saved but the input, plus the output,
+    # which is as large as the input, so this is what the block keeps, its input included
+    return kept_after_forward(model.blocks()[0], x)
+
+
+def _fused_block(answer):
+    expected = fused_block_saved_bytes()
     return _close(answer, expected, 0.02,
-                  "Too few: mixed-precision Adam keeps 16 bytes per parameter; take "
-                  "num_params from capacity.TransformerConfig(32, 4096, 32, 4096, vocab=32000).",
-                  "Too many: divide bytes by 2**30 for GiB, and use the config's num_params "
-                  "(about 6.6e9 for this GPT-style count), not a rounded 7e9.")
+                  "Too few: count the block's input (kept by the first LayerNorm), the qkv "
+                  "input, Q, K and V (the fused kernel keeps them), the output projection's "
+                  "input, the second LayerNorm's input, the MLP's input and its two 4C-wide "
+                  "tensors (GELU's input and output), all in fp32.",
+                  "Too many: a fused kernel keeps no T x T scores (no softmax output, no "
+                  "masks), and its output is the output projection's input, one tensor.")
 
 
 def _usable_gib(answer):
@@ -595,9 +789,11 @@ EXERCISES.update({e.key: e for e in [
     Exercise("07.accumulation_flops", "Splitting a step's batch into 4 micro-batches "
              "(accumulation): FLOPs of the step with accumulation divided by FLOPs without?",
              _accumulation_flops),
-    Exercise("08.llama7b_state_gib", "A 7B LLaMA-like config (32 layers, hidden 4096, 32 heads, "
-             "seq 4096, vocab 32000) trained with mixed-precision Adam: GiB of model state, "
-             "with the planner's parameter count?", _llama7b_state),
+    Exercise("08.fused_block_bytes", "The course's GPT block with fused attention "
+             "(attn_impl='sdpa'): batch 8, T 64, C 128, 4 heads, fp32, dropout off. Predict the "
+             "bytes it keeps for backward, its input included and its output not, with "
+             "formulas.transformer_layer_terms or by hand; the next cell measures it.",
+             _fused_block),
     Exercise("08.usable_gib", "An '80 GB' GPU and the keep-peak-under-85% rule: how many GiB may "
              "the planned peak use?", _usable_gib),
     Exercise("08.fallback_rungs", "Article order (densify, accumulate, shrink), start with no "
@@ -687,4 +883,54 @@ EXERCISES.update({e.key: e for e in [
     Exercise("11.compiled_kept_mib", "8 blocks of Linear(256, 256) -> GELU on a (512, 256) fp32 "
              "batch, compiled with activation_memory_budget=1.0: how many MiB does the "
              "forward keep for the backward?", _compiled_kept),
+]})
+
+
+# ------------------------------------------------------------------------------ lesson 12
+def _fsdp_state_gib(answer):
+    from .parallel_formulas import fsdp_state_bytes
+    expected = fsdp_state_bytes([1_300_000_000], 8) / GIB
+    return _close(answer, expected, 0.02,
+                  "Too few: FSDP shards the fp32 weights, their gradients and Adam's two "
+                  "moments, 16 bytes per parameter in all; divide by the 8 ranks, then by 2**30.",
+                  "Too many: every part of the state is sharded, so each rank keeps 16/8 = 2 "
+                  "bytes per parameter (DDP's buckets are gone: FSDP reduce-scatters instead).")
+
+
+def _stage_in_flight(answer):
+    from .scale_out import schedule
+    held, expected = 0, 0               # walk the schedule `pipeline_step` runs
+    for op, _ in schedule("1f1b", 4, 1, 8):
+        held += 1 if op == "F" else -1
+        expected = max(expected, held)
+    value = _number(answer)
+    if value == expected:
+        return True, (f"{expected}: stage 1 runs {4 - 1 - 1} warm-up forwards, then one more "
+                      "before its first backward; the micro-batch count does not matter.")
+    return False, ("Under 1F1B stage r runs stages - r - 1 forwards before it starts to "
+                   "alternate, and one more forward before each backward: count what it holds "
+                   "when its first backward begins (GPipe would hold all 8).")
+
+
+def _sp_over_tp(answer):
+    from .parallel_formulas import megatron_tp_layer_bytes
+    s, h, a, t = 2048, 12288, 96, 8
+    expected = megatron_tp_layer_bytes(s, 1, h, a, t, True) / megatron_tp_layer_bytes(s, 1, h, a, t)
+    return _close(answer, expected, 0.01,
+                  "Too small: sequence parallelism divides only the 10 sbh that tensor "
+                  "parallelism leaves whole; the 24 sbh and 5as^2b were split by t already.",
+                  "Too large: with sequence parallelism the layer norms' inputs and the dropout "
+                  "masks are split by t too: (34 + 5as/h)/t against 10 + 24/t + 5as/(ht).")
+
+
+EXERCISES.update({e.key: e for e in [
+    Exercise("12.fsdp_state_gib", "A 1.3B-parameter model with fp32 weights and Adam, trained "
+             "on 8 ranks with FSDP (ZeRO-3): GiB of model state (weights, gradients, Adam's "
+             "moments) per rank?", _fsdp_state_gib),
+    Exercise("12.stage_in_flight", "4 pipeline stages, 8 micro-batches, 1F1B schedule: for how "
+             "many micro-batches does stage 1 (the second stage) hold activations at its peak?",
+             _stage_in_flight),
+    Exercise("12.sp_over_tp", "One Megatron layer, s=2048, b=1, h=12288, a=96, t=8: per-GPU "
+             "activation bytes with tensor + sequence parallelism divided by those with tensor "
+             "parallelism alone?", _sp_over_tp),
 ]})

@@ -11,14 +11,23 @@ The rungs, in the source article's order by default:
 * ``"shrink"``: halve the batch itself, which does change the optimisation (logged as such).
 
 Each move is used until it can go no further before the next one is tried.
+
+`chain_step` makes such a step for any model with ``set_policy`` (the course's chains): memory
+is measured in that pass, under `track_memory`. Its bookkeeping costs the same per operation
+however small, which would bias timings against accumulation (more, smaller operations), so
+`median_seconds` times the same steps in a separate, untracked pass.
 """
 from __future__ import annotations
 
 import gc
 import logging
+import time
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from .memory import track_memory
 
 MOVES = ("densify", "accumulate", "shrink")
 log = logging.getLogger(__name__)
@@ -129,3 +138,84 @@ def run_with_fallback(step, config: StepConfig, order=MOVES, max_every: int = 8,
         log.info("fits: %s", config)
         return FallbackResult(config, result, rungs)
     raise NoConfigFitsError(rungs)
+
+
+# ------------------------------------------------------------- steps of the course's chains
+def policy_for(config: StepConfig) -> str:
+    """The checkpoint policy of a config: "none" or "every:<k>"."""
+    return f"every:{config.checkpoint_every}" if config.checkpoint_every else "none"
+
+
+def prepare(model, config: StepConfig) -> None:
+    """Set the model's checkpoint policy from `config` and allocate (or zero) its parameter
+    gradients: model state, not part of the step's peak."""
+    model.set_policy(policy_for(config))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+
+
+def _forward_backward(model, x, y, config: StepConfig) -> None:
+    k = config.accumulation_steps
+    for xm, ym in zip(x[:config.batch_size].chunk(k), y[:config.batch_size].chunk(k)):
+        (model(xm, ym) / k).backward()
+
+
+def run_config(model, x, y, config: StepConfig) -> None:
+    """`prepare`, then forward and backward of `config` on the first batch_size rows of (x, y),
+    accumulated over its micro-batches."""
+    prepare(model, config)
+    _forward_backward(model, x, y, config)
+
+
+def chain_step(model, x, y, limit_bytes: int | None = None):
+    """A `step(config)` for `run_with_fallback`: runs `config` under a simulated memory limit
+    and returns its `MemoryLog` (``.peak_bytes``, ``.num_ops``)."""
+    def step(config: StepConfig):
+        prepare(model, config)
+        with track_memory(limit_bytes=limit_bytes) as mem:
+            _forward_backward(model, x, y, config)
+        return mem
+    return step
+
+
+def config_flops(model, x, y, config: StepConfig) -> int:
+    """FLOPs of one step of `config`, counted by PyTorch's FlopCounterMode."""
+    prepare(model, config)
+    with FlopCounterMode(display=False) as counter:
+        _forward_backward(model, x, y, config)
+    return counter.get_total_flops()
+
+
+def median_seconds(model, x, y, configs, repeats: int = 5) -> list[float]:
+    """Median seconds of forward and backward of each config, untracked, the configs
+    interleaved in every repeat.
+
+    On a CPU this is the process's CPU time with PyTorch on one thread: the work the step costs,
+    which other programs sharing the machine do not inflate (wall-clock time on a busy machine
+    varies several-fold). On CUDA it is wall-clock time between synchronisations.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    configs = list(configs)
+    cuda = x.device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(1)
+    try:
+        times = [[] for _ in configs]
+        for c in configs:
+            run_config(model, x, y, c)        # warm-up: allocations, lazy initialisation
+        for _ in range(repeats):
+            for c, ts in zip(configs, times):
+                prepare(model, c)
+                if cuda:
+                    torch.cuda.synchronize(x.device)
+                start = clock()
+                _forward_backward(model, x, y, c)
+                if cuda:
+                    torch.cuda.synchronize(x.device)
+                ts.append(clock() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return [sorted(ts)[len(ts) // 2] for ts in times]

@@ -157,6 +157,155 @@ def megatron_layer_bytes(seq: int, batch: int, hidden: int, heads: int,
     return sum(terms.values())
 
 
+# --------------------------------------------- current architectures: GQA, SwiGLU, fused attention
+ATTENTIONS = ("eager", "sdpa")
+MLPS = ("gelu", "swiglu")
+STYLES = ("gpt", "llama")
+FUSED_CORE_TERMS = ("softmax logsumexp (fp32, fused kernel)",)
+
+
+def swiglu_intermediate(hidden: int, multiplier: float = 1.0, multiple_of: int = 256) -> int:
+    """Llama's SwiGLU width: int(2/3 of 4h), times `multiplier`, rounded up to `multiple_of`.
+
+    Two thirds of 4h keeps a three-matrix MLP at the parameters of a two-matrix 4h one
+    (Shazeer 2020). Llama 2 7B: 11008; 13B: 13824; 70B (multiplier 1.3, multiple_of 4096): 28672.
+    """
+    _check_int("hidden", hidden, 1)
+    _check_int("multiple_of", multiple_of, 1)
+    width = int(multiplier * int(2 * 4 * hidden / 3))
+    return multiple_of * ((width + multiple_of - 1) // multiple_of)
+
+
+def _check_arch(hidden: int, heads: int, kv_heads, mlp: str, intermediate, attention=None):
+    """Validate the architecture options; returns (kv_heads, intermediate) with defaults filled."""
+    _check_int("hidden", hidden, 1)
+    _check_int("heads", heads, 1)
+    if hidden % heads:
+        raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+    kv = heads if kv_heads is None else _check_int("kv_heads", kv_heads, 1)
+    if heads % kv:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv}): each K/V head "
+                         "serves a whole group of query heads")
+    if mlp not in MLPS:
+        raise ValueError(f"mlp must be one of {MLPS}, got {mlp!r}")
+    if attention is not None and attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    if intermediate is None:
+        intermediate = 4 * hidden if mlp == "gelu" else swiglu_intermediate(hidden)
+    return kv, _check_int("intermediate", intermediate, 1)
+
+
+def transformer_layer_terms(seq: int, batch: int, hidden: int, heads: int,
+                            kv_heads: int | None = None, mlp: str = "gelu",
+                            intermediate: int | None = None, attention: str = "eager",
+                            dropout: bool = True, act_bytes: int = 2,
+                            mask_bytes: int = 1) -> dict[str, int]:
+    """Bytes one transformer layer saves for backward, with the choices current models make.
+
+    The defaults give Megatron's sbh(34 + 5as/h) (`megatron_layer_terms`, same values). Options:
+
+    * ``kv_heads`` (grouped-query attention, Ainslie et al. 2023): K and V get kv_heads heads.
+      With ``attention="eager"`` they are repeated to all heads before the matmuls (Llama's
+      ``repeat_kv``) and the repeated copies are what is saved, so GQA saves no activations
+      there; a fused kernel takes the kv heads as they are and K, V shrink by kv_heads/heads.
+    * ``attention="sdpa"`` (a fused kernel: FlashAttention, Dao et al. 2022, or PyTorch's
+      ``scaled_dot_product_attention``): the s x s scores are never stored, so the a s^2 b
+      terms go. The kernel keeps Q, K, V, its output O and one fp32 logsumexp per row (4 a s b
+      bytes), from which backward rebuilds the scores. O comes back in the (b, s, a, d_head)
+      memory layout of the projections, so reshaping it for the output projection is a view:
+      O *is* that projection's input, one tensor. Selective recomputation of a fused core can
+      therefore drop only the logsumexp. Dropout inside a fused kernel keeps a seed, not a mask.
+    * ``mlp="swiglu"`` (Shazeer 2020; Llama): down(silu(gate(x)) * up(x)) keeps x, the gate
+      output (SiLU's input), the SiLU output, the up output and their product (the
+      down-projection's input): sbh + 4 s b I, I = ``intermediate`` (default about 8h/3). A
+      GeLU MLP keeps sbh + 2 s b I with I = 4h by default.
+    * ``dropout=False``: no masks (Llama and most current models train without dropout).
+
+    The norms' per-token statistics (LayerNorm mean and rstd, RMSNorm rstd: s b numbers each,
+    under 1/h of a term) are left out as Korthikanti et al. do; norms count as fused (they keep
+    their input, the next matmul keeps their output), as in Megatron-LM and TransformerEngine.
+    """
+    for name, v in (("seq", seq), ("batch", batch)):
+        _check_int(name, v, 1)
+    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate, attention)
+    d, m = act_bytes, mask_bytes
+    sbh, as2b = seq * batch * hidden, heads * seq * seq * batch
+    skv = seq * batch * kv * (hidden // heads)
+    sbi = seq * batch * inter
+    eager = attention == "eager"
+    terms = {"layernorm 1 input": d * sbh, "QKV projection input": d * sbh,
+             "Q and K (for QK^T)": d * (sbh + (sbh if eager else skv))}
+    if eager:
+        terms["softmax output"] = d * as2b
+        if dropout:
+            terms["attention dropout mask"] = m * as2b
+            terms["attention dropout output (for x V)"] = d * as2b
+        terms["V (for x V)"] = d * sbh
+    else:
+        terms["V (for x V)"] = d * skv
+        terms[FUSED_CORE_TERMS[0]] = 4 * heads * seq * batch
+    terms["output projection input"] = d * sbh   # with "sdpa": the kernel's output O itself
+    if dropout:
+        terms["attention output dropout mask"] = m * sbh
+    terms["layernorm 2 input"] = d * sbh
+    terms["MLP up-projection input"] = d * sbh
+    if mlp == "gelu":
+        terms["GeLU input (intermediate)"] = d * sbi
+        terms["MLP down-projection input (intermediate)"] = d * sbi
+    else:
+        terms["gate output (SiLU input)"] = d * sbi
+        terms["SiLU output"] = d * sbi
+        terms["up output"] = d * sbi
+        terms["MLP down-projection input (intermediate)"] = d * sbi
+    if dropout:
+        terms["MLP dropout mask"] = m * sbh
+    return terms
+
+
+def attention_core_terms(attention: str = "eager") -> tuple[str, ...]:
+    """The terms selective recomputation drops: what the attention core alone keeps."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    return ATTENTION_CORE_TERMS if attention == "eager" else FUSED_CORE_TERMS
+
+
+def transformer_layer_weights(hidden: int, heads: int, kv_heads: int | None = None,
+                              mlp: str = "gelu", intermediate: int | None = None) -> int:
+    """Weights of one layer's matrices (Q, K, V, output projection, MLP), biases excluded.
+
+    Each costs 2 FLOPs per token forward: a GPT layer's 12h^2 weights give Narayanan et al.'s
+    24 b s h^2. GQA shrinks K and V to h x (kv_heads d_head); SwiGLU has three h x I matrices.
+    """
+    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate)
+    kv_dim = kv * (hidden // heads)
+    return 2 * hidden * hidden + 2 * hidden * kv_dim + (2 if mlp == "gelu" else 3) * hidden * inter
+
+
+def transformer_params(layers: int, hidden: int, heads: int, vocab: int, seq: int = 0,
+                       kv_heads: int | None = None, mlp: str = "gelu",
+                       intermediate: int | None = None, style: str = "gpt") -> int:
+    """Parameters of a decoder-only transformer.
+
+    ``style="gpt"`` (GPT-2, minGPT): biases everywhere, LayerNorms (2h each), learned position
+    embeddings (seq x h), output projection tied to the token embedding: with the defaults
+    12 L h^2 + 13 L h + V h + seq h + 2h. ``style="llama"`` (Touvron et al. 2023): no biases,
+    RMSNorms (h each), rotary positions (no parameters), an untied output projection.
+    """
+    _check_int("layers", layers, 1)
+    _check_int("vocab", vocab, 1)
+    _check_int("seq", seq)
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate)
+    weights = transformer_layer_weights(hidden, heads, kv, mlp, inter)
+    if style == "gpt":
+        biases = 2 * hidden + 2 * kv * (hidden // heads) + (inter if mlp == "gelu" else 2 * inter) \
+            + hidden
+        per_layer = weights + biases + 2 * 2 * hidden
+        return layers * per_layer + vocab * hidden + seq * hidden + 2 * hidden
+    return layers * (weights + 2 * hidden) + 2 * vocab * hidden + hidden
+
+
 # ------------------------------------------------------------------------ segmented chains
 def _check_sizes(name: str, values) -> list:
     values = list(values)

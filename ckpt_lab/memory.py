@@ -3,9 +3,17 @@
 `track_memory` watches every ATen operation through a `TorchDispatchMode`, registers each
 tensor *storage* an operation creates (views share a storage, so they are counted once) and
 holds a weak reference to it, so the moment autograd or Python drops the last reference the
-bytes leave the books. The numbers are therefore a property of the program, not of an
-allocator: identical on a laptop, on Binder and on a GPU. On CUDA the allocator's own peak is
-recorded beside them for comparison.
+bytes leave the books. Storages that grow under ``out=`` ops or ``resize_`` are re-read, and a
+storage resized to 0 bytes (``t.untyped_storage().resize_(0)``, as FSDP does) leaves them.
+The numbers are therefore a property of the program, not of an allocator: identical on a
+laptop, on Binder and on a GPU. On CUDA the allocator's own peak is recorded beside them.
+
+What it cannot see (the allocator's own events can: ``tests/test_memory_vs_profiler.py``
+compares the two workload by workload): memory an op allocates and frees before returning
+(workspaces, e.g. convolution's), tensors made without passing through the dispatcher (the
+random generator's state that ``torch.get_rng_state()`` returns, which every checkpoint
+captures; a Python number wrapped into a tensor for ``x * 0.5``), allocator rounding and
+caching (CUDA), and non-tensor memory (Python objects, autograd's graph nodes).
 """
 from __future__ import annotations
 
@@ -97,34 +105,81 @@ class _Tracker(TorchDispatchMode):
     def __init__(self, log: MemoryLog):
         super().__init__()
         self.log = log
+        # id(storage) -> (weak reference, bytes counted, device)
         self._refs: dict[int, tuple[weakref.ref, int, str]] = {}
         self._lock = threading.RLock()
 
+    def __enter__(self):
+        _listen(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            _unlisten(self)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self._record(func, args, kwargs, out)
+        kwargs = kwargs or {}
+        written = [(st, st.nbytes()) for st in _resizable_storages(func, args, kwargs)]
+        out = func(*args, **kwargs)
+        grew = [self.resized(st, before) for st, before in written]
+        self._record(func, args, kwargs, out, any(grew))
         return out
 
-    def _record(self, func, args, kwargs, out):
+    def _record(self, func, args, kwargs, out, grew: bool = False):
         log = self.log
-        new = [(id(st), st) for st in new_storages(func, args, kwargs, out)
-               if id(st) not in self._refs and st.nbytes() > 0]
+        if func is _LIFT_FRESH:
+            # torch.tensor(data) builds its tensor below the dispatcher, then hands it to
+            # lift_fresh, whose output aliases it: the storage is new all the same.
+            made = [t.untyped_storage() for t in _tensors(out)]
+        else:
+            made = new_storages(func, args, kwargs, out)
+        new = [(id(st), st) for st in made if id(st) not in self._refs and st.nbytes() > 0]
         with self._lock:
             for key, st in new:
-                nbytes, dev = st.nbytes(), str(st.device)
-                self._refs[key] = (weakref.ref(st, self._freer(key)), nbytes, dev)
-                log.current_bytes += nbytes
-                log.allocated_bytes += nbytes
-                by = log.current_bytes_by_device
-                by[dev] = by.get(dev, 0) + nbytes
-                log.peak_bytes_by_device[dev] = max(log.peak_bytes_by_device.get(dev, 0), by[dev])
-            log.peak_bytes = max(log.peak_bytes, log.current_bytes)
+                self._count(key, st, st.nbytes())
             log.num_ops += 1
             log.timeline.append(TimelinePoint(log.num_ops, log.current_bytes, current_phase(),
                                               func.__name__))
             live = log.current_bytes
-        if new and log.limit_bytes is not None and live > log.limit_bytes:
+        if (new or grew) and log.limit_bytes is not None and live > log.limit_bytes:
             raise SimulatedOutOfMemoryError(live, log.limit_bytes, func.__name__)
+
+    def _count(self, key: int, st, nbytes: int):
+        """Put `nbytes` more of storage `st` on the books (a new storage, or one that grew)."""
+        log, dev = self.log, str(st.device)
+        old = self._refs.get(key)
+        ref = old[0] if old is not None else weakref.ref(st, self._freer(key))
+        self._refs[key] = (ref, (old[1] if old is not None else 0) + nbytes, dev)
+        log.current_bytes += nbytes
+        log.allocated_bytes += max(nbytes, 0)
+        by = log.current_bytes_by_device
+        by[dev] = by.get(dev, 0) + nbytes
+        log.peak_bytes_by_device[dev] = max(log.peak_bytes_by_device.get(dev, 0), by[dev])
+        log.peak_bytes = max(log.peak_bytes, log.current_bytes)
+
+    def resized(self, st, before: int) -> bool:
+        """Re-read the size of a storage that may have been resized from `before` bytes;
+        True if the books grew.
+
+        Growth is counted (all of it for a storage made in the block, the growth alone for
+        one made before); shrinking releases what was counted, down to 0 for ``resize_(0)``.
+        """
+        now = st.nbytes()
+        if now == before:
+            return False
+        key = id(st)
+        with self._lock:
+            entry = self._refs.get(key)
+            counted = entry[1] if entry is not None else 0
+            change = max(counted + now - before, 0) - counted
+            if change == 0:
+                return False
+            self._count(key, st, change)
+            if self._refs[key][1] == 0:
+                del self._refs[key]
+        return change > 0
 
     def _freer(self, key: int):
         def free(_ref):
@@ -140,6 +195,77 @@ class _Tracker(TorchDispatchMode):
         """Stop listening for frees (the block is over; the log keeps its final numbers)."""
         with self._lock:
             self._refs.clear()
+
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
+# ------------------------------------------------- storages that change size under an op
+_RESIZE_OPS = frozenset(getattr(torch.ops.aten, n) for n in ("resize_", "resize_as_",
+                                                             "_resize_output_")
+                        if hasattr(torch.ops.aten, n))
+_WRITTEN: dict = {}
+
+
+def _resizable_args(func) -> tuple:
+    """Positions/names of the arguments an op may resize: its ``out=`` tensors, or the
+    tensor a ``resize_``-like op is called on (cached per op; empty for most ops)."""
+    hit = _WRITTEN.get(func)
+    if hit is None:
+        resize = (func.overloadpacket in _RESIZE_OPS
+                  or func.name() == "inductor::resize_storage_bytes_")
+        hit = _WRITTEN[func] = tuple(
+            a.name if a.kwarg_only else i
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+            and (a.kwarg_only or resize))
+    return hit
+
+
+def _resizable_storages(func, args, kwargs) -> list:
+    """The storages of the tensors an op may resize, read before it runs."""
+    found = []
+    for where in _resizable_args(func):
+        arg = kwargs.get(where) if isinstance(where, str) else (
+            args[where] if where < len(args) else None)
+        found += [t.untyped_storage() for t in _tensors(arg)]
+    return found
+
+
+_listeners_lock = threading.Lock()
+_listening_threads = [0]
+_original_storage_resize = torch.UntypedStorage.resize_
+
+
+def _listeners() -> list:
+    if not hasattr(_local, "trackers"):
+        _local.trackers = []
+    return _local.trackers
+
+
+def _storage_resize(self, size):
+    """``UntypedStorage.resize_`` while a tracker listens: no ATen op sees this call."""
+    before = self.nbytes()
+    out = _original_storage_resize(self, size)
+    for tracker in list(_listeners()):
+        tracker.resized(self, before)
+    return out
+
+
+def _listen(tracker):
+    """Route storage resizes in this thread to `tracker` (patched only while one listens)."""
+    _listeners().append(tracker)
+    with _listeners_lock:
+        _listening_threads[0] += 1
+        torch.UntypedStorage.resize_ = _storage_resize
+
+
+def _unlisten(tracker):
+    _listeners().remove(tracker)
+    with _listeners_lock:
+        _listening_threads[0] -= 1
+        if _listening_threads[0] == 0:
+            torch.UntypedStorage.resize_ = _original_storage_resize
 
 
 _ALIASES: dict = {}
@@ -179,128 +305,62 @@ def new_storages(func, args, kwargs, out) -> list:
     return list(fresh.values())
 
 
-def _cuda_ready() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
 @contextlib.contextmanager
 def track_memory(limit_bytes: int | None = None):
     """Measure bytes of tensor storages allocated inside the block: `with track_memory() as mem:`.
 
-    `mem.peak_bytes`, `mem.current_bytes`, `mem.timeline` and (on CUDA) `mem.cuda_peak_bytes`
-    are filled in as the block runs. With `limit_bytes`, exceeding it raises
-    `SimulatedOutOfMemoryError`, a subclass of `torch.OutOfMemoryError`.
+    `mem.peak_bytes`, `mem.current_bytes` and `mem.timeline` are filled in as the block runs.
+    With `limit_bytes`, exceeding it raises `SimulatedOutOfMemoryError`, a subclass of
+    `torch.OutOfMemoryError`. Storages resized by ``out=`` ops or ``resize_`` are re-read.
+
+    On CUDA, `mem.cuda_peak_bytes` is the allocator's peak above its level at entry. The
+    allocator keeps one running maximum and track_memory does not reset it (your own
+    ``torch.cuda.max_memory_allocated()`` survives the block), so it is exact when the block
+    sets a new maximum, e.g. after ``torch.cuda.reset_peak_memory_stats()``, and None when the
+    block stayed below an earlier one.
+
+    Cannot see: memory an op allocates and frees before returning (workspaces such as
+    convolution's), tensors made without the dispatcher (the RNG state tensors
+    ``torch.get_rng_state()`` returns), allocator rounding and caching, non-tensor memory.
     """
     if limit_bytes is not None and limit_bytes < 0:
         raise ValueError(f"limit_bytes must be >= 0 or None, got {limit_bytes}")
     log = MemoryLog(limit_bytes=limit_bytes)
     tracker = _Tracker(log)
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.synchronize()
-        _note_cuda_max()
-        cuda_start = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    _active().append(log)
+    cuda = _CudaPeak.start() if torch.cuda.is_available() else None
     start = time.perf_counter()
     try:
         with tracker:
             yield log
     finally:
         log.seconds = time.perf_counter() - start
-        _active().remove(log)
         tracker.detach()
-        if cuda:
-            torch.cuda.synchronize()
-            _note_cuda_max()
-            log.cuda_peak_bytes = max(getattr(log, "_cuda_max", 0), 0) - cuda_start
-            if log.cuda_peak_bytes < 0:
-                log.cuda_peak_bytes = 0
-
-
-def _active() -> list:
-    if not hasattr(_local, "active"):
-        _local.active = []
-    return _local.active
-
-
-def _note_cuda_max():
-    """Fold the allocator's running max into every open tracker before a reset."""
-    m = torch.cuda.max_memory_allocated()
-    for log in _active():
-        log._cuda_max = max(getattr(log, "_cuda_max", 0), m)
+        if cuda is not None:
+            log.cuda_peak_bytes = cuda.stop()
 
 
 @dataclass
-class LayerProfile:
-    """What one layer of a chain costs: bytes kept for backward, output bytes, forward time."""
+class _CudaPeak:
+    """The CUDA allocator's peak during a block, read without resetting its statistics."""
 
-    name: str
-    act_bytes: int
-    out_bytes: int
-    forward_seconds: float
+    allocated_at_start: int
+    max_at_start: int
 
+    @staticmethod
+    def start() -> "_CudaPeak":
+        torch.cuda.synchronize()
+        return _CudaPeak(torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
 
-def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfile]:
-    """Profile a chain layer by layer: the input the planner and the formulas need.
-
-    `act_bytes[i]` counts the storages that layer i is first to save for backward (its own
-    intermediates, its output if it saves it, its input if no earlier layer saved that already),
-    so the sum over any run of layers is exactly what that run pins. `out_bytes[i]` is the size
-    of its output. Forward time is the median of `repeats` runs with grad enabled.
-    """
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    if isinstance(layers, torch.nn.Module):
-        named = list(layers.named_children())
-    else:
-        named = [(str(i), layer) for i, layer in enumerate(layers)]
-    if not named:
-        raise ValueError("profile_layers needs at least one layer")
-    saved: dict[int, torch.UntypedStorage] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        saved.setdefault(id(st), st)
-        return t
-
-    log = MemoryLog()
-    tracker = _Tracker(log)
-    x = x.detach().requires_grad_(x.is_floating_point())
-    graph, out, pinned_before = [], [], 0
-    try:
-        for name, layer in named:
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                layer(x)
-                if x.is_cuda:
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
-            with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                y = layer(x)
-            graph.append(y)
-            pinned = sum(tracker._refs[k][1] for k in saved if k in tracker._refs)
-            out.append(LayerProfile(name, pinned - pinned_before, y.untyped_storage().nbytes(),
-                                    sorted(times)[len(times) // 2]))
-            pinned_before, x = pinned, y
-    finally:
-        tracker.detach()
-    return out
+    def stop(self) -> int | None:
+        """Bytes above the level at entry at the allocator's peak, or None if it is unknown."""
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        if peak > self.max_at_start:     # the running maximum was set inside the block
+            return peak - self.allocated_at_start
+        if torch.cuda.memory_allocated() == peak:   # the block ends at the old maximum
+            return peak - self.allocated_at_start
+        return None
 
 
-def backward_work_bytes(layers, x: torch.Tensor) -> list[int]:
-    """Per layer, the most bytes its backward holds beyond what its forward saved: the gradient
-    arriving at its output, the one it sends on, and any temporaries (measured, one layer at a
-    time; parameter gradients are allocated beforehand, so they are not counted)."""
-    out, h = [], x.detach()
-    for layer in list(layers):
-        for p in layer.parameters():
-            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
-        y = layer(h.detach().requires_grad_(h.is_floating_point()))
-        with track_memory() as log:
-            y.backward(torch.ones_like(y))
-        out.append(log.peak_bytes)
-        h = y.detach()
-        del y
-    return out
+# The layer profiler lives in its own module; these names stay importable from here.
+from .profile import LayerProfile, backward_work_bytes, profile_layers  # noqa: E402,F401

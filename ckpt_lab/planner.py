@@ -27,6 +27,8 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
+
 from .checkpoint import segment_starts
 from .formulas import segmented_peak_bytes
 
@@ -56,7 +58,33 @@ class Plan:
         return len(self.boundaries)
 
 
-class _Chain:
+class _Searches:
+    """Bisections on the budget, shared by both models (feasibility only grows with budget)."""
+
+    def minimum(self) -> int:
+        """The least budget any plan fits, by bisection on integer bytes."""
+        lo, hi = self.lower_bound(), self.no_checkpoint_peak()
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.plan_at(mid) is None:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def least_budget_for(self, cost, lo: int, hi: int) -> int:
+        """Least budget in (lo, hi] whose best plan costs <= cost (hi must qualify)."""
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            plan = self.plan_at(mid)
+            if plan is None or self.cost_prefix[plan[-1]] > cost:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+
+class _Chain(_Searches):
     """Validated sizes with prefix sums, shared by every function here."""
 
     def __init__(self, act_bytes, out_bytes, fwd_cost, input_bytes):
@@ -122,27 +150,9 @@ class _Chain:
         """Peak of running the chain without any checkpoint."""
         return self.act_prefix[self.n]
 
-    def minimum(self) -> int:
-        """The least budget any plan fits, by bisection on integer bytes."""
-        lo, hi = max(self.act) - 1, self.no_checkpoint_peak()
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.plan_at(mid) is None:
-                lo = mid
-            else:
-                hi = mid
-        return hi
-
-    def least_budget_for(self, cost, lo: int, hi: int) -> int:
-        """Least budget in (lo, hi] whose best plan costs <= cost (hi must qualify)."""
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            plan = self.plan_at(mid)
-            if plan is None or self.cost_prefix[plan[-1]] > cost:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+    def lower_bound(self) -> int:
+        """A budget no plan fits (bisections start above it)."""
+        return max(self.act) - 1
 
 
 def _ints(name: str, values) -> list:
@@ -172,12 +182,25 @@ def _budget(budget_bytes) -> int:
     return int(budget_bytes) if budget_bytes != float("inf") else None
 
 
-def optimal_segments(act_bytes, out_bytes, fwd_cost, budget_bytes, input_bytes=0) -> Plan:
-    """The plan of least recompute cost whose peak fits `budget_bytes` (least peak on ties).
+def _is_profile(values) -> bool:
+    values = list(values) if not isinstance(values, (list, tuple)) else values
+    return bool(values) and all(hasattr(v, "act_bytes") for v in values)
 
-    Raises BudgetTooSmallError (a ValueError) naming the feasible minimum when nothing fits.
-    """
-    chain = _Chain(act_bytes, out_bytes, fwd_cost, input_bytes)
+
+def _chain(act_bytes, out_bytes, fwd_cost, input_bytes):
+    """The model a call asks for: a profile means the step model, three lists the activation one."""
+    if _is_profile(act_bytes):
+        if input_bytes:
+            raise ValueError("input_bytes belongs to the activation model; the step model counts "
+                             "what the step allocates, and x is allocated before it")
+        return _Step(act_bytes)
+    if out_bytes is None or fwd_cost is None:
+        raise ValueError("give either a profile (a list of LayerProfile from profile_layers) or "
+                         "act_bytes, out_bytes and fwd_cost")
+    return _Chain(act_bytes, out_bytes, fwd_cost, input_bytes)
+
+
+def _optimal(chain, budget_bytes) -> Plan:
     budget = _budget(budget_bytes)
     top = chain.no_checkpoint_peak()  # no checkpoint at all fits this, so more buys nothing
     budget = top if budget is None else min(budget, top)
@@ -185,20 +208,42 @@ def optimal_segments(act_bytes, out_bytes, fwd_cost, budget_bytes, input_bytes=0
     if starts is None:
         raise BudgetTooSmallError(budget, chain.minimum())
     cost = chain.cost_prefix[starts[-1]]
-    lo = max(chain.act) - 1
-    tight = chain.least_budget_for(cost, lo, budget)
+    # the least budget with a plan this cheap is at most this plan's own peak
+    tight = chain.least_budget_for(cost, chain.lower_bound(), chain.evaluate(starts).peak_bytes)
     return chain.evaluate(chain.plan_at(tight))
 
 
-def minimum_peak(act_bytes, out_bytes, fwd_cost=None, input_bytes=0) -> int:
+def optimal_segments(act_bytes, out_bytes=None, fwd_cost=None, budget_bytes=None,
+                     input_bytes=0) -> Plan:
+    """The plan of least recompute cost whose peak fits `budget_bytes` (least peak on ties).
+
+    Two models, chosen by what you pass:
+
+    * `optimal_segments(profile, budget_bytes)` with `profile = profile_layers(layers, x)`: the
+      step model (`step_peak_bytes`), the measured peak of a training step;
+    * `optimal_segments(act_bytes, out_bytes, fwd_cost, budget_bytes, input_bytes=0)`: the
+      activation model of lesson 3 (`formulas.segmented_peak_bytes`), for hand-made chains.
+
+    Raises BudgetTooSmallError (a ValueError) naming the feasible minimum when nothing fits.
+    """
+    if _is_profile(act_bytes) and budget_bytes is None:
+        budget_bytes, out_bytes = out_bytes, None
+    if budget_bytes is None:
+        raise ValueError("budget_bytes is missing: optimal_segments(profile, budget_bytes) or "
+                         "optimal_segments(act_bytes, out_bytes, fwd_cost, budget_bytes)")
+    return _optimal(_chain(act_bytes, out_bytes, fwd_cost, input_bytes), budget_bytes)
+
+
+def minimum_peak(act_bytes, out_bytes=None, fwd_cost=None, input_bytes=0) -> int:
     """The least peak bytes any segmentation of the chain reaches (recompute cost ignored)."""
-    fwd_cost = [0] * len(list(act_bytes)) if fwd_cost is None else fwd_cost
-    return _Chain(act_bytes, out_bytes, fwd_cost, input_bytes).minimum()
+    if not _is_profile(act_bytes) and fwd_cost is None:
+        fwd_cost = [0] * len(list(act_bytes))
+    return _chain(act_bytes, out_bytes, fwd_cost, input_bytes).minimum()
 
 
-def evaluate_plan(boundaries, act_bytes, out_bytes, fwd_cost, input_bytes=0) -> Plan:
+def evaluate_plan(boundaries, act_bytes, out_bytes=None, fwd_cost=None, input_bytes=0) -> Plan:
     """Peak bytes and recompute cost of the given segment starts (a list beginning with 0)."""
-    chain = _Chain(act_bytes, out_bytes, fwd_cost, input_bytes)
+    chain = _chain(act_bytes, out_bytes, fwd_cost, input_bytes)
     starts = list(boundaries)
     if not starts or starts[0] != 0:
         raise ValueError(f"boundaries must begin with 0, got {starts}")
@@ -213,17 +258,18 @@ def uniform_plan(n: int, segments: int) -> list:
     return segment_starts(n, segments=segments)
 
 
-def pareto_front(act_bytes, out_bytes, fwd_cost, input_bytes=0) -> list:
+def pareto_front(act_bytes, out_bytes=None, fwd_cost=None, input_bytes=0) -> list:
     """Every budget at which the least recompute cost drops: plans from tightest to none.
 
     Each entry is the least-peak plan of its cost; peaks rise and costs fall along the list.
+    Takes a profile (step model) or act_bytes, out_bytes, fwd_cost (activation model).
     """
-    chain = _Chain(act_bytes, out_bytes, fwd_cost, input_bytes)
+    chain = _chain(act_bytes, out_bytes, fwd_cost, input_bytes)
     top = chain.no_checkpoint_peak()
     budget = chain.minimum()
     front = []
     while True:
-        plan = optimal_segments(chain.act, chain.out, chain.cost, budget, chain.input)
+        plan = _optimal(chain, budget)
         front.append(plan)
         if plan.recompute_cost == 0 or budget >= top:
             return front
@@ -239,24 +285,246 @@ def pareto_front(act_bytes, out_bytes, fwd_cost, input_bytes=0) -> list:
         budget = hi
 
 
-def plan_peak_bounds(boundaries, act_bytes, out_bytes, work_bytes, input_bytes: int = 0):
-    """(low, high) bytes that the measured step peak of a plan must lie between.
+def plan_chain(layers, x, budget_bytes, repeats: int = 3) -> Plan:
+    """Profile `layers` on `x` and return the cheapest plan whose step peak fits `budget_bytes`.
 
-    low is the planner's model (`formulas.segmented_peak_bytes`): while a segment's
-    activations are alive, so are the inputs kept before it. high adds what the model leaves
-    out, segment by segment: the segment's own input (`profile_layers` books it to the layer
-    before, which saved it first) and the largest backward working memory of its layers
-    (`backward_work_bytes`), counted as if it coincided with all the segment's activations.
+    The step is `checkpoint_sequential(layers, x, boundaries=plan.boundaries)` followed by
+    `.float().sum().backward()`, with parameter gradients allocated beforehand; `peak_bytes` is
+    its predicted peak as `track_memory` measures it (x and parameters are allocated before
+    the step, so they are not in it). Recompute cost is in profiled forward seconds. Raises
+    BudgetTooSmallError naming the least budget any plan fits.
     """
-    n = len(act_bytes)
-    if not (len(out_bytes) == len(work_bytes) == n):
-        raise ValueError(f"act_bytes, out_bytes and work_bytes need one entry per layer; got "
-                         f"lengths {n}, {len(out_bytes)}, {len(work_bytes)}")
-    starts = list(boundaries)
-    low = segmented_peak_bytes(starts, act_bytes, out_bytes, input_bytes)
-    kept, high = 0, 0
-    for a, b in zip(starts, starts[1:] + [n]):
-        own = input_bytes if a == 0 else out_bytes[a - 1]
-        high = max(high, kept + own + sum(act_bytes[a:b]) + max(work_bytes[a:b]))
-        kept += own
-    return low, high
+    from .profile import profile_layers
+    return optimal_segments(profile_layers(layers, x, repeats=repeats), budget_bytes)
+
+
+# ------------------------------------------------------------------------- the exact step model
+HEAD_BYTES = 8  # `.float().sum()` and the gradient of that sum: two fp32 scalars
+
+_STEP_FIELDS = ("own_bytes", "saves_input", "saves_output", "saves_any", "forward_peak_bytes",
+                "free_forward_peak_bytes", "backward_peak_bytes", "held_backward_peak_bytes",
+                "grad_in_bytes", "recompute_own_bytes", "recompute_forward_peak_bytes",
+                "recompute_peak_bytes", "recompute_backward_peak_bytes",
+                "recompute_held_backward_peak_bytes")
+
+
+class _Step(_Searches):
+    """A profile's per-layer pieces, and the step peak they add up to for given segments."""
+
+    def __init__(self, profile):
+        profile = list(profile)
+        if not profile:
+            raise ValueError("the profile is empty; give one LayerProfile per layer")
+        for i, p in enumerate(profile):
+            missing = [f for f in _STEP_FIELDS if getattr(p, f, None) is None]
+            if missing:
+                raise ValueError(f"profile[{i}] lacks {', '.join(missing)}: the step model needs "
+                                 "a profile measured by profile_layers(layers, x)")
+        self.n = n = len(profile)
+        self.cost = _numbers("forward_seconds", [p.forward_seconds for p in profile])
+        self.cost_prefix = list(itertools.accumulate(self.cost, initial=0))
+        get = lambda f: [getattr(p, f) for p in profile]  # noqa: E731
+        self.out = _ints("out_bytes", get("out_bytes"))
+        self.own = _ints("own_bytes", get("own_bytes"))
+        self.fwd = _ints("forward_peak_bytes", get("forward_peak_bytes"))
+        self.free = _ints("free_forward_peak_bytes", get("free_forward_peak_bytes"))
+        # a checkpointed segment's layers run forward again in backward, maybe saving more
+        self.own_r = _ints("recompute_own_bytes", get("recompute_own_bytes"))
+        self.fwd_r = _ints("recompute_forward_peak_bytes", get("recompute_forward_peak_bytes"))
+        self.rec = _ints("recompute_peak_bytes", get("recompute_peak_bytes"))
+        self.bwd_r = _ints("recompute_backward_peak_bytes", get("recompute_backward_peak_bytes"))
+        self.held_r = _ints("recompute_held_backward_peak_bytes",
+                            get("recompute_held_backward_peak_bytes"))
+        self.bwd = _ints("backward_peak_bytes", get("backward_peak_bytes"))
+        self.held = _ints("held_backward_peak_bytes", get("held_backward_peak_bytes"))
+        self.gin = _ints("grad_in_bytes", get("grad_in_bytes"))
+        self.saves_in = [bool(v) for v in get("saves_input")]
+        self.saves_out = [bool(v) for v in get("saves_output")]
+        self.saves = [bool(v) for v in get("saves_any")]
+        # the loss and the seed gradient `backward()` makes for it (fp32 scalars) stay alive all
+        # through backward; the last layer's measurements already include them
+        self.head = HEAD_BYTES
+        # the input a layer keeps alive after its forward, when it alone saves it
+        self.ex = [0] + [self.out[k - 1] if self.saves_in[k] and not self.saves_out[k - 1] else 0
+                         for k in range(1, n)]
+
+    def kept(self, a: int) -> int:
+        """Bytes a checkpointed segment starting at layer a keeps: its input (x is not counted)."""
+        return self.out[a - 1] if a > 0 else 0
+
+    def _input_alive(self, i: int) -> int:
+        """Layer i's input while its forward runs, unless the layer before saved it."""
+        return 0 if self.saves_out[i - 1] else self.out[i - 1]
+
+    def _backward(self, a: int, i: int, again: bool = False) -> int:
+        """Layer i's backward peak in a segment starting at a: is its input held elsewhere?
+        `again`: after a recompute."""
+        bwd, held = (self.bwd_r, self.held_r) if again else (self.bwd, self.held)
+        return bwd[i] if i == a or self.saves_out[i - 1] else held[i]
+
+    def segment_peak(self, a: int, b: int) -> int:
+        """Peak of checkpointed segment [a, b), its kept input included, earlier ones not."""
+        x = self.kept(a)
+        terms = [x + (self.out[i - 1] if i > a else 0) + self.free[i] for i in range(a, b)]
+        saving = [i for i in range(a, b) if self.saves[i]]
+        last = saving[-1] if saving else a - 1
+        # layers after the last that saves anything run backward before any recompute
+        x_back = x + self.head
+        terms += [x_back + self._backward(a, i, True) for i in range(last + 1, b)]
+        if saving:
+            # the recompute stops right after the last save; the incoming gradient is alive
+            kept = 0
+            for i in range(a, last + 1):
+                peak = self.rec[i] if i == last else self.fwd_r[i]
+                terms.append(x_back + self.gin[last] + kept
+                             + (self._input_alive(i) if i > a else 0) + peak)
+                kept += self.own_r[i] + (self.ex[i] if i > a else 0)
+            for i in range(last, a - 1, -1):
+                kept -= self.own_r[i] + (self.ex[i] if i > a else 0)
+                terms.append(x_back + kept + self._backward(a, i, True))
+        return max(terms)
+
+    def last_peak(self, t: int) -> int:
+        """Peak of the last segment [t, n), run without checkpoint, earlier kept inputs not counted.
+
+        Its input is held by `checkpoint_sequential` all through its forward and afterwards only
+        if layer t saves it; the head `.float().sum()` is part of the last layer's measurements.
+        """
+        x = self.out[t - 1] if t > 0 else 0
+        terms, kept = [], 0
+        for i in range(t, self.n):
+            terms.append(x + kept + (self._input_alive(i) if i > t else 0) + self.fwd[i])
+            kept += self.own[i] + (self.ex[i] if i > t else 0)
+        kept += x if self.saves_in[t] else 0
+        for i in range(self.n - 1, t - 1, -1):
+            kept -= self.own[i] + (self.ex[i] if i > t else 0)
+            head = self.head if i < self.n - 1 else 0
+            if i > t:
+                terms.append(head + kept + self._backward(t, i))
+            else:
+                terms.append(head + (self.held[t] if t > 0 else self.bwd[0]))
+        return max(terms)
+
+    # The planner's view: the same pieces for every segment at once (numpy, checked against
+    # segment_peak and last_peak by the tests). seg[a, b] = segment_peak(a, b), last[t] =
+    # last_peak(t); a plan's peak is then max over its segments of (kept before + seg), and
+    # the last segment's (kept before + last), exactly as for the activation model.
+    def _tables(self):
+        if hasattr(self, "seg"):
+            return
+        n, i64 = self.n, np.int64
+        own, ex, out = (np.array(v, dtype=i64) for v in (self.own, self.ex, self.out))
+        fwd, free, rec = (np.array(v, dtype=i64) for v in (self.fwd, self.free, self.rec))
+        bwd, held, gin = (np.array(v, dtype=i64) for v in (self.bwd, self.held, self.gin))
+        own_r, fwd_r, bwd_r, held_r = (np.array(v, dtype=i64) for v in
+                                       (self.own_r, self.fwd_r, self.bwd_r, self.held_r))
+        saves = np.array(self.saves)
+        prev = np.concatenate([[0], out[:-1]])                       # layer i's input
+        prev_saved = np.concatenate([[False], np.array(self.saves_out[:-1], dtype=bool)])
+        q = np.concatenate([[0], np.cumsum(own + ex)])
+        alive = np.where(prev_saved, 0, prev)                         # input alive in forward
+        bwdv = np.where(prev_saved, bwd, held)
+        q_r = np.concatenate([[0], np.cumsum(own_r + ex)])
+        bwdv_r = np.where(prev_saved, bwd_r, held_r)
+        seg = np.full((n, n), np.inf)
+        for a in range(n - 1):
+            ks = np.arange(a, n - 1)
+            s_ = q_r[ks] - q_r[a] - ex[a]
+            s_[0] = 0
+            f = prev[ks] + free[ks]
+            f[0] = free[a]
+            bv = bwdv_r[ks].copy()
+            bv[0] = bwd_r[a]
+            rin = alive[ks].copy()
+            rin[0] = 0
+            sv = saves[ks]
+            rel = np.arange(len(ks))
+            last = np.maximum.accumulate(np.where(sv, rel, -1))
+            has = last >= 0
+            at = np.maximum(last, 0)
+            covered = np.where(has, np.maximum.accumulate(s_ + bv)[at], 0)
+            group = np.cumsum(sv)
+            big = int(bv.max()) + 2
+            tail = np.maximum.accumulate(group * big + np.where(sv, -1, bv)) - group * big
+            vf = s_ + rin + fwd_r[ks]
+            before = np.concatenate([[-1], np.maximum.accumulate(vf)[:-1]])
+            r_at = gin[ks] + np.maximum(before, s_ + rin + rec[ks])
+            r = np.where(has, r_at[at], 0)
+            back = np.maximum(np.maximum(covered, tail), r) + self.head
+            peak = np.maximum(np.maximum.accumulate(f), back)
+            seg[a, a + 1:] = prev[a] + peak
+        ts = np.arange(n)
+        a_f = q[ts] + alive + fwd
+        head = np.where(ts < n - 1, self.head, 0)
+        a_b = q[ts] + bwdv + head
+        suffix = lambda v: np.concatenate([np.maximum.accumulate(v[::-1])[::-1][1:], [-np.inf]])  # noqa: E731
+        fl = prev + np.maximum(fwd, suffix(a_f) - q[:-1] - ex)
+        xs = np.where(np.array(self.saves_in), prev, 0)
+        first = np.where(ts > 0, held, bwd) + head
+        bl = np.maximum(first, own + xs - q[1:] + suffix(a_b))
+        self.seg_t = np.ascontiguousarray(seg.T)       # row b: every start a of a segment [a, b)
+        self.seg = seg
+        self.last = np.maximum(fl, bl)
+        self.keep = prev.astype(np.float64)
+
+    def plan_at(self, budget: int):
+        """The least-cost plan whose step peak is within `budget` (None if none fits)."""
+        self._tables()
+        n = self.n
+        best = np.full(n, np.inf)
+        parent = [None] * n
+        best[0] = 0.0
+        after = best + self.keep                        # kept bytes once a segment starts at i
+        seg_t, keep, inf = self.seg_t, self.keep, np.inf
+        for k in range(1, n):
+            cand = np.where(best[:k] + seg_t[k, :k] <= budget, after[:k], inf)
+            i = int(cand.argmin())
+            if cand[i] < inf:
+                best[k] = cand[i]
+                after[k] = best[k] + keep[k]
+                parent[k] = i
+        fits = np.nonzero(best + self.last <= budget)[0]
+        if len(fits) == 0:
+            return None
+        t = min(fits.tolist(), key=lambda t: (self.cost_prefix[t], t))
+        starts = [t]
+        while starts[-1] > 0:
+            starts.append(parent[starts[-1]])
+        return starts[::-1]
+
+    def evaluate(self, starts) -> Plan:
+        """Step peak and recompute cost of given segment starts."""
+        return Plan(list(starts), self.peak(starts), self.cost_prefix[starts[-1]])
+
+    def no_checkpoint_peak(self) -> int:
+        """Step peak without any checkpoint."""
+        return self.last_peak(0)
+
+    def lower_bound(self) -> int:
+        """A budget no plan fits: every plan has a last segment, and a segment starting at 0."""
+        self._tables()
+        first = min(float(self.seg[0].min()), float(self.last[0]))
+        return int(max(float(self.last.min()), first)) - 1
+
+    def peak(self, starts) -> int:
+        """Step peak of segments starting at `starts` (validated, beginning with 0)."""
+        kept, peak = 0, 0
+        for a, b in zip(starts, starts[1:]):
+            peak = max(peak, kept + self.segment_peak(a, b))
+            kept += self.kept(a)
+        return max(peak, kept + self.last_peak(starts[-1]))
+
+
+def step_peak_bytes(boundaries, profile) -> int:
+    """Predicted peak bytes of one step: `checkpoint_sequential(layers, x, boundaries=...)`
+    followed by `.float().sum().backward()`, parameter gradients allocated beforehand.
+
+    `profile` comes from `profile_layers(layers, x)`. Counted are the storages the step
+    allocates (x and the parameters are allocated before it), as `track_memory` counts them.
+    Every piece is a measurement of one layer alone; what this function adds is which pieces
+    are alive together: while segment j is recomputed and run backward, the inputs kept by
+    segments 0..j, the gradient arriving at segment j, the activations its layers saved and
+    not yet used, and the working memory of the layer running.
+    """
+    step = _Step(profile)
+    return step.peak(segment_starts(step.n, boundaries=list(boundaries)))

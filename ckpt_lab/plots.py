@@ -23,24 +23,45 @@ def _axes(ax, figsize=(7, 3.5)):
     return ax.figure, ax
 
 
+def phase_spans(log: MemoryLog, phase: str = "recompute") -> list[tuple[int, int]]:
+    """(first, last) operation numbers of each unbroken run of ``phase`` in a timeline."""
+    spans: list[tuple[int, int]] = []
+    for p in log.timeline:
+        if p.phase != phase:
+            continue
+        if spans and spans[-1][1] == p.step - 1:
+            spans[-1] = (spans[-1][0], p.step)
+        else:
+            spans.append((p.step, p.step))
+    return spans
+
+
 def timeline(logs: dict[str, MemoryLog], ax=None, title="Live memory during one training step"):
-    """Live MiB after each operation, one line per run, points coloured by phase."""
+    """Live MiB after each operation, one line per run, points coloured by phase.
+
+    Each stretch of recompute operations is shaded, so the sawtooth of a segmented backward
+    (one tooth per recomputed segment) stands out from the backward around it.
+    """
     fig, ax = _axes(ax, (8, 3.5))
     for k, (name, log) in enumerate(logs.items()):
         steps = [p.step for p in log.timeline]
         live = [p.live_bytes / MIB for p in log.timeline]
         ax.plot(steps, live, lw=1.2, color=RUN_COLORS[k % len(RUN_COLORS)],
                 label=f"{name} (peak {log.peak_bytes / MIB:.1f} MiB)")
+        for first, last in phase_spans(log, "recompute"):
+            ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS["recompute"], alpha=0.15,
+                       lw=0)
         for phase, color in PHASE_COLORS.items():
             pts = [(p.step, p.live_bytes / MIB) for p in log.timeline if p.phase == phase]
             if pts and phase != "forward":
-                ax.scatter(*zip(*pts), s=4, color=color, zorder=3)
+                ax.scatter(*zip(*pts), s=12 if phase == "recompute" else 4, color=color,
+                           zorder=4 if phase == "recompute" else 3)
     handles, labels = ax.get_legend_handles_labels()
     for phase, color in PHASE_COLORS.items():
         if any(p.phase == phase for log in logs.values() for p in log.timeline) \
                 and phase != "forward":
             handles.append(plt.Line2D([], [], ls="", marker="o", color=color))
-            labels.append(f"{phase} ops")
+            labels.append(f"{phase} ops" + (" (shaded)" if phase == "recompute" else ""))
     ax.legend(handles, labels, fontsize=8)
     ax.set(title=title, xlabel="operation (in order)", ylabel="live memory (MiB)")
     ax.set_ylim(bottom=0)

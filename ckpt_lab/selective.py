@@ -24,6 +24,12 @@ Two kinds of operation are always recomputed, whatever the policy says:
 
 A policy is ``policy(op, *args, **kwargs) -> bool | Decision`` (True means SAVE), a collection
 of ops (saved, everything else recomputed), or the name of one in ``POLICIES``.
+
+What it costs beyond the recomputed ops themselves: every op of the function passes through a
+Python dispatch mode, in the forward and again in the recompute (a few microseconds each, which
+shows on tiny models and vanishes on large ones). Which ops are always recomputed is worked out
+once per op, and a policy that answers from the op alone (the named ones, collections, or any
+callable with ``policy.by_op_only = True``) is asked once per op instead of once per call.
 """
 from __future__ import annotations
 
@@ -32,7 +38,6 @@ from collections import defaultdict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 
 
 class Decision(enum.Enum):
@@ -56,11 +61,19 @@ MATMUL_OPS = _ops(
 )
 
 
+def _by_op_only(policy):
+    """Mark a policy whose answer depends on the op alone, so it is asked once per op."""
+    policy.by_op_only = True
+    return policy
+
+
+@_by_op_only
 def save_matmuls(op, *args, **kwargs) -> bool:
     """Save outputs of matrix multiplies and fused attention; recompute everything else."""
     return op.overloadpacket in MATMUL_OPS
 
 
+@_by_op_only
 def recompute_all(op, *args, **kwargs) -> bool:
     """Save nothing: the same as a plain checkpoint (useful as a baseline)."""
     return False
@@ -84,18 +97,27 @@ def resolve_policy(policy):
             if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
                 raise ValueError(f"a policy given as a collection must hold ATen ops such as "
                                  f"torch.ops.aten.mm, got {op!r}")
-        return lambda op, *a, **k: op in ops or op.overloadpacket in ops
+        return _by_op_only(lambda op, *a, **k: op in ops or op.overloadpacket in ops)
     raise ValueError(f"policy must be a callable, a collection of ops or one of "
                      f"{sorted(POLICIES)}, got {type(policy).__name__}")
 
 
+_ALWAYS_RECOMPUTED: dict = {}
+
+
 def _always_recomputed(op) -> bool:
-    schema = op._schema
-    return (torch.Tag.nondeterministic_seeded in op.tags or schema.is_mutable
+    """Random, mutating and view ops: recomputed whatever the policy says (cached per op)."""
+    hit = _ALWAYS_RECOMPUTED.get(op)
+    if hit is None:
+        schema = op._schema
+        hit = _ALWAYS_RECOMPUTED[op] = (
+            torch.Tag.nondeterministic_seeded in op.tags or schema.is_mutable
             or any(r.alias_info is not None for r in schema.returns))
+    return hit
 
 
 def _to_save(policy, op, args, kwargs) -> bool:
+    """The policy's answer for this call as a bool (True: SAVE)."""
     choice = policy(op, *args, **kwargs)
     if isinstance(choice, bool):
         return choice
@@ -115,7 +137,10 @@ class _Saved:
     __slots__ = ("value", "versions")
 
     def __init__(self, out):
-        self.value = tree_map(_detach_sharing_version, out)
+        if isinstance(out, (tuple, list)):   # an op returns a tensor or a flat tuple/list
+            self.value = type(out)(_detach_sharing_version(t) for t in out)
+        else:
+            self.value = _detach_sharing_version(out)
         self.versions = [t._version for t in _tensors(self.value)]
 
 
@@ -131,10 +156,12 @@ def _detach_sharing_version(t):
         return t.detach()
 
 
-def _tensors(tree):
-    out = []
-    tree_map(lambda t: out.append(t) if isinstance(t, torch.Tensor) else None, tree)
-    return out
+def _tensors(out) -> list:
+    """The tensors of an op's output: a tensor or a flat tuple/list of them."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (tuple, list)) \
+        else []
 
 
 class _Saving(TorchDispatchMode):
@@ -143,13 +170,21 @@ class _Saving(TorchDispatchMode):
     def __init__(self, policy, store):
         super().__init__()
         self.policy, self.store = policy, store
+        # A policy that looks at the op alone is asked once per op, not once per call.
+        self.by_op: dict | None = {} if getattr(policy, "by_op_only", False) else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not _always_recomputed(func):
+        if _always_recomputed(func):
+            return out
+        if self.by_op is None:
             keep = _to_save(self.policy, func, args, kwargs)
-            self.store[func].append(_Saved(out) if keep else _RECOMPUTE)
+        else:
+            keep = self.by_op.get(func)
+            if keep is None:
+                keep = self.by_op[func] = _to_save(self.policy, func, args, kwargs)
+        self.store[func].append(_Saved(out) if keep else _RECOMPUTE)
         return out
 
 

@@ -297,7 +297,7 @@ class PlanResult:
 
     budget_bytes: int
     boundaries: list
-    predicted_bytes: int       # the plan's modelled peak + the measured backward working memory
+    predicted_bytes: int       # the planner's step peak (planner.step_peak_bytes)
     peak_bytes: int            # measured step peak with the plan applied
     recompute_seconds: float   # profiled forward time of the layers the plan recomputes
     forward_seconds: float     # profiled forward time of the whole chain
@@ -323,25 +323,22 @@ def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
 
 
 class PlanExplorer(Explorer):
-    """A budget slider over any chain: the planner's plan, its predicted and measured peak, and
-    the Pareto front of peak memory against recomputed forward time."""
+    """A budget slider over any chain: the planner's plan, its predicted and measured step peak,
+    and the Pareto front of step peak against recomputed forward time (the step model)."""
 
     def __init__(self, layers, x: torch.Tensor, budget_fraction: float = 0.5, profile=None):
         from .memory import profile_layers
-        from .planner import minimum_peak, pareto_front
+        from .planner import minimum_peak, pareto_front, step_peak_bytes
         self.layers, self.x = list(layers), x
         self.profile = profile if profile is not None else profile_layers(self.layers, x)
-        self.act = [p.act_bytes for p in self.profile]
         self.out = [p.out_bytes for p in self.profile]
         self.cost = [p.forward_seconds for p in self.profile]
-        self.none_bytes = sum(self.act)
-        self.min_bytes = minimum_peak(self.act, self.out, self.cost)
-        self.front = pareto_front(self.act, self.out, self.cost)
-        # what the planner's activation model leaves out: backward's working memory
-        self.work_bytes = measure_plan_peak(self.layers, x, [0]) - self.none_bytes
+        self.none_bytes = step_peak_bytes([0], self.profile)
+        self.min_bytes = minimum_peak(self.profile)
+        self.front = pareto_front(self.profile)
         self.measured: dict[tuple, int] = {}
         lo = self.min_bytes / self.none_bytes
-        slider = W.FloatSlider(value=min(max(budget_fraction, lo), 1.0), min=round(lo, 2),
+        slider = W.FloatSlider(value=min(max(budget_fraction, lo), 1.0), min=round(lo + 0.005, 2),
                                max=1.0, step=0.01, description="budget (x no-checkpoint)",
                                continuous_update=False, readout=True, readout_format=".2f",
                                style={"description_width": "initial"})
@@ -350,23 +347,22 @@ class PlanExplorer(Explorer):
         self.refresh()
 
     def plan(self, budget_bytes: int):
-        """The planner's cheapest plan within budget_bytes of modelled peak."""
+        """The planner's cheapest plan whose predicted step peak is within budget_bytes."""
         from .planner import optimal_segments
-        return optimal_segments(self.act, self.out, self.cost, budget_bytes)
+        return optimal_segments(self.profile, budget_bytes)
 
     def update(self, budget):
-        # the slider's lowest stop is the least budget any plan fits (rounding aside)
         budget_bytes = max(int(budget * self.none_bytes), self.min_bytes)
         plan = self.plan(budget_bytes)
         key = tuple(plan.boundaries)
         if key not in self.measured:
             self.measured[key] = measure_plan_peak(self.layers, self.x, key)
-        result = PlanResult(budget_bytes, list(plan.boundaries), plan.peak_bytes + self.work_bytes,
+        result = PlanResult(budget_bytes, list(plan.boundaries), plan.peak_bytes,
                             self.measured[key], plan.recompute_cost, sum(self.cost))
         self._draw(result)
         self.text.value = (
             f"<b>budget {fmt_bytes(budget_bytes)}</b>: plan {result.boundaries} recomputes "
-            f"{result.recompute_seconds / result.forward_seconds:.0%} of the forward; peak "
+            f"{result.recompute_seconds / result.forward_seconds:.0%} of the forward; step peak "
             f"measured {fmt_bytes(result.peak_bytes)}, predicted {fmt_bytes(result.predicted_bytes)} "
             f"(ratio {result.ratio:.3f})")
         return result
@@ -375,15 +371,13 @@ class PlanExplorer(Explorer):
         ax = self.ax
         ax.clear()
         total = sum(self.cost)
-        xs = [(p.peak_bytes + self.work_bytes) / MIB for p in self.front]
+        xs = [p.peak_bytes / MIB for p in self.front]
         ys = [100 * p.recompute_cost / total for p in self.front]
-        ax.step(xs, ys, where="post", color="C1", label="Pareto front (predicted)")
-        pts = [(self.measured[k] / MIB,
-                100 * self.plan_cost(k) / total) for k in self.measured]
-        ax.plot(*zip(*pts), "o", color="C0", label="plans applied (measured peak)")
-        ax.axvline((r.budget_bytes + self.work_bytes) / MIB, color="gray", ls=":",
-                   label="budget + backward working memory")
-        ax.set(title="Peak memory against recomputation", xlabel="step peak (MiB)",
+        ax.step(xs, ys, where="post", color="C1", label="Pareto front (predicted step peak)")
+        pts = [(self.measured[k] / MIB, 100 * self.plan_cost(k) / total) for k in self.measured]
+        ax.plot(*zip(*pts), "o", color="C0", label="plans applied (measured step peak)")
+        ax.axvline(r.budget_bytes / MIB, color="gray", ls=":", label="budget")
+        ax.set(title="Step peak against recomputation", xlabel="step peak (MiB)",
                ylabel="forward recomputed (%)")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)

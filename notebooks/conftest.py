@@ -3,24 +3,48 @@
 For each notebook nbval starts one kernel and runs its cells in order. The wall time from the
 first cell's start to the last cell's end and the kernel process's peak resident memory
 (Linux VmHWM, else the largest RSS seen after a cell) are recorded; the last cell fails if the
-notebook went over `BUDGET_SECONDS` or `BUDGET_BYTES`. The numbers go to
-artifacts/notebook_budgets.json (git-ignored) for the README's course map.
+notebook went over `BUDGET_SECONDS` or `BUDGET_BYTES` (1 GiB: Binder's 2 GB holds the server
+and every open kernel). The numbers go to artifacts/notebook_budgets.json (git-ignored) for
+the README's course map.
+
+The same run is saved: each notebook with the outputs nbval's kernel produced and, after its
+last cell, the kernel's widget state (what JupyterLab's "Save widget state" stores) goes to
+artifacts/executed/ (`CKPT_LAB_EXECUTED_DIR`), from which tools/build_site.py builds the site.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
+from IPython.core.displayhook import DisplayHook
 
 BUDGET_SECONDS = float(os.environ.get("CKPT_LAB_NB_BUDGET_SECONDS", 150.0))
-BUDGET_BYTES = int(float(os.environ.get("CKPT_LAB_NB_BUDGET_MIB", 1536)) * 2 ** 20)
+BUDGET_BYTES = int(float(os.environ.get("CKPT_LAB_NB_BUDGET_MIB", 1024)) * 2 ** 20)
 OUT = Path(os.environ.get("CKPT_LAB_NB_BUDGET_JSON", Path(__file__).resolve().parent.parent
                           / "artifacts" / "notebook_budgets.json"))
+EXECUTED_DIR = Path(os.environ.get("CKPT_LAB_EXECUTED_DIR", Path(__file__).resolve().parent.parent
+                                   / "artifacts" / "executed"))
+WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
 _runs: dict[str, dict] = {}
+_executed: dict[str, nbformat.NotebookNode] = {}
+
+# Run in the kernel after a notebook's last cell: print the state of every live widget.
+_WIDGET_STATE_CODE = """
+def _ckpt_lab_widget_state():
+    import json, sys
+    if "ipywidgets" not in sys.modules:
+        return print("{}")
+    from ipywidgets import Widget
+    print(json.dumps(Widget.get_manager_state(drop_defaults=True)))
+_ckpt_lab_widget_state()
+del _ckpt_lab_widget_state
+"""
 
 
 def _kernel_pid(notebook) -> int | None:
@@ -58,9 +82,11 @@ def pytest_runtest_call(item):
         if pid is not None and psutil.pid_exists(pid):
             run["peak_rss_bytes"] = max(run["peak_rss_bytes"], peak_rss_bytes(pid))
         run["seconds"] = time.perf_counter() - run["start"]
+        _record_outputs(name, item)
         cells = [i for i in item.parent.session.items if i.parent is item.parent]
         if cells and item is cells[-1]:
             _write()
+            _save_executed(name, item.parent)
             over = []
             if run["seconds"] > BUDGET_SECONDS:
                 over.append(f"ran {run['seconds']:.0f} s > {BUDGET_SECONDS:.0f} s")
@@ -70,6 +96,60 @@ def pytest_runtest_call(item):
             if over:
                 raise AssertionError(f"{name} is over its budget: {'; '.join(over)}. Choose "
                                      "smaller CPU sizes with ckpt_lab.course.sizes.")
+
+
+def _record_outputs(name: str, item):
+    """Copy the outputs nbval collected for this cell into our copy of the notebook."""
+    if name not in _executed:
+        _executed[name] = copy.deepcopy(item.parent.nb)
+    index = next(i for i, c in enumerate(item.parent.nb.cells) if c is item.cell)
+    cell = _executed[name].cells[index]
+    outputs = [nbformat.from_dict(dict(o)) for o in (item.test_outputs or [])]
+    # nbval runs cells without storing history, so IPython cannot see a final `;` and shows
+    # the value anyway; drop it as Jupyter would.
+    if DisplayHook.semicolon_at_end_of_expression(cell.source):
+        outputs = [o for o in outputs if o.output_type != "execute_result"]
+    cell.outputs = outputs
+    cell.execution_count = item.cell_num + 1
+
+
+def widget_state(kernel, timeout: float = 60) -> dict:
+    """The manager state of every widget alive in a running nbval kernel."""
+    msg_id = kernel.execute_cell_input(_WIDGET_STATE_CODE, allow_stdin=False)
+    kernel.await_reply(msg_id, timeout=timeout)
+    text, errors = [], []
+    while True:
+        msg = kernel.get_message(stream="iopub", timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream" and content["name"] == "stdout":
+            text.append(content["text"])
+        elif kind == "error":
+            errors.append(f"{content['ename']}: {content['evalue']}")
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return json.loads("".join(text))
+
+
+def _save_executed(name: str, notebook_item):
+    """Write the executed notebook, with its widget state, to EXECUTED_DIR/name."""
+    nb = _executed.pop(name, None)
+    kernel = getattr(notebook_item, "kernel", None)
+    if nb is None or kernel is None:
+        return
+    try:
+        state = widget_state(kernel) if kernel.is_alive() else {}
+    except Exception as err:                     # the site build refuses such a notebook
+        nb.metadata["ckpt_lab_widget_state_error"] = repr(err)
+        state = {}
+    if state.get("state"):
+        nb.metadata["widgets"] = {WIDGET_STATE_MIME: state}
+    path = EXECUTED_DIR / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
 
 
 def _write():

@@ -1,10 +1,15 @@
 """Data: the committed corpus, the deterministic builder, and seeded batches."""
+import hashlib
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 from ckpt_lab.data import (SAMPLE_MAX_BYTES, SAMPLE_PATH, ImageBatches, TextBatches,
                            batches_for, build_corpus, decode, load_corpus, main, split_corpus,
                            stdlib_sources)
+from ckpt_lab import data as data_module
 from ckpt_lab.models import get_config
 
 
@@ -45,6 +50,8 @@ def test_build_corpus_is_sorted_cut_at_lines_and_deterministic(tmp_path):
     assert build_corpus(root, max_bytes=40) == b"# ---- file: a.py ----\nx = 1\ny = 2\n"
     with pytest.raises(ValueError, match="not a directory"):
         build_corpus(tmp_path / "missing")
+    with pytest.raises(ValueError, match="larger than max_bytes=10; raise max_bytes"):
+        build_corpus(root, max_bytes=10)
 
 
 def test_command_line_rebuild_writes_the_file(tmp_path, capsys):
@@ -105,11 +112,25 @@ def test_split_and_batches_for_configs():
     assert isinstance(imgs, ImageBatches) and imgs.get(0)[0].shape == (4, 3, 8, 8)
 
 
-def test_load_corpus_builds_from_the_stdlib_when_the_sample_is_not_installed(monkeypatch,
-                                                                              tmp_path):
+def test_a_missing_sample_is_a_clear_error_not_a_rebuild(monkeypatch, tmp_path):
     import ckpt_lab.data as data
     monkeypatch.setattr(data, "SAMPLE_PATH", tmp_path / "missing.txt")
-    tokens = data.load_corpus()
-    assert tokens.dtype == torch.int64 and len(tokens) > 10_000
-    assert torch.equal(tokens, torch.frombuffer(bytearray(data.build_corpus()),
-                                                dtype=torch.uint8).long())
+    with pytest.raises(ValueError, match="missing from this install"):
+        data.load_corpus()
+
+
+def test_sample_matches_the_checksum_its_readme_states():
+    readme = (Path(__file__).resolve().parents[1] / "data" / "README.md").read_text()
+    digest = re.search(r"sha256 `([0-9a-f]{64})`", readme).group(1)
+    assert hashlib.sha256(SAMPLE_PATH.read_bytes()).hexdigest() == digest
+
+
+def test_command_line_writes_to_the_current_folder_by_default(tmp_path, monkeypatch, capsys):
+    (tmp_path / "lib").mkdir()
+    root = fake_stdlib(tmp_path / "lib")
+    monkeypatch.chdir(tmp_path)
+    main(["--root", str(root), "--per-file-bytes", "25"])
+    assert (tmp_path / "stdlib_sample.txt").read_bytes() == build_corpus(root, per_file_bytes=25)
+    with pytest.raises(SystemExit):
+        main(["--root", str(root), "--out", str(Path(data_module.__file__).parent / "x.txt")])
+    assert "inside the installed package" in capsys.readouterr().err

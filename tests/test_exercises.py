@@ -35,17 +35,23 @@ def _branch_saving_by_hand():
     return plain - ckpt
 
 
+def _save_matmuls(op, *args, **kwargs):
+    return op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+
 RIGHT = {
-    "01.adam_mixed_bytes": (2 + 2 + 4 + 4 + 4, 17),
+    # blocks: 3 x Linear(64, 64) with bias; head Linear(64, 256) with bias; embedding frozen
+    "01.frozen_adamw_bytes": (8 * (3 * (64 * 64 + 64) + 64 * 256 + 256),
+                              8 * (3 * (64 * 64 + 64) + 64 * 256 + 256 + 256 * 64)),
     "01.block_activation_bytes": (8 * 64 * 512 * 4, 2 * 8 * 64 * 512 * 4),
     "01.adam_fp32_7b": (7e9 * 16 / 2 ** 30, 7e9 * 16 / 1e9 * 2),
     "02.my_checkpoint": (_torch_checkpoint, lambda fn, x: fn(x)),
     "02.rng_layers": ({"Dropout"}, {"Dropout", "BatchNorm1d"}),
-    "03.optimal_segments": (4, 16),
+    "03.peak_at_six": ((6 - 1) + (16 - 5 * (16 // 6)), 16 // 6),
     "03.peak_in_layers": (5 + 6, 6),
-    "03.sqrt_growth": (_best_peak(64) / _best_peak(16), 4.0),
-    "04.full_recompute_ratio": (8 / 6, 1.5),
-    "04.recomputed_layers": (9, 12),
+    "03.sqrt_growth": (_best_peak(64) / _best_peak(16), 2.0),   # 2 sqrt(L) is only the estimate
+    "04.no_saving_modules": ({"Linear", "ReLU", "GELU", "Linear->ReLU"}, {"Linear", "Dropout"}),
+    "04.selective_policy": (_save_matmuls, lambda op, *a, **k: False),
     "05.megatron_gib": (2048 * 12288 * (34 + 5 * 96 * 2048 / 12288) / 2 ** 30, 1.0),
     "05.crossover_seq": (34 * 768 / (5 * 12), 2048),
     "05.selective_fraction": ((5 * 12 * 2048 / 768) / (34 + 5 * 12 * 2048 / 768), 0.5),
@@ -78,7 +84,7 @@ def test_unanswered_and_malformed_never_raise(capsys):
     for key in exercises.keys():
         assert exercises.check(key, None) is False
         assert "not answered yet" in capsys.readouterr().out
-    assert exercises.check("03.optimal_segments", "four") is False
+    assert exercises.check("03.peak_at_six", "eleven") is False
     assert exercises.check("02.rng_layers", {"Conv"}) is False
     assert exercises.check("02.my_checkpoint", 3) is False
     assert "Conv" in capsys.readouterr().out
@@ -94,7 +100,7 @@ def test_a_raising_answer_is_reported(capsys):
 def test_unknown_key_and_lesson_filter():
     with pytest.raises(ValueError, match="valid"):
         exercises.check("99.nope", 1)
-    assert exercises.keys(3) == ["03.optimal_segments", "03.peak_in_layers", "03.sqrt_growth"]
+    assert exercises.keys(3) == ["03.peak_at_six", "03.peak_in_layers", "03.sqrt_growth"]
     for lesson in range(1, 11):
         assert 2 <= len(exercises.keys(lesson)) <= 3
     assert all(exercises.question(k).endswith("?") or "." in exercises.question(k)
@@ -104,3 +110,18 @@ def test_unknown_key_and_lesson_filter():
 def test_rng_layers_measured():
     assert exercises.layers_needing_rng() == {"Dropout"}
     assert math.isclose(_best_peak(16), 7)
+
+
+def test_lesson_3_and_4_checks_are_measured(capsys):
+    """The S = 6 bump is measured, a one-layer-per-segment split saves nothing, and a policy that
+    keeps the matmuls drops the GELU output without re-running a matmul."""
+    assert exercises.chain_peak_units(16, 6) > exercises.chain_peak_units(16, 5)
+    assert exercises.chain_peak_units(16, 9) == 16            # S > L / 2: no saving at all
+    saving = exercises.checkpoint_saving_bytes()
+    assert saving["Linear"] == 0 and saving["Linear->ReLU->Linear"] > 0
+    cost = exercises.policy_cost(_save_matmuls)
+    assert cost["policy_flops"] == cost["plain_flops"] < cost["full_flops"]
+    assert cost["full_bytes"] < cost["policy_bytes"] < cost["plain_bytes"]
+    assert exercises.check("04.selective_policy", 3) is False
+    assert exercises.check("04.no_saving_modules", {"Conv"}) is False
+    assert "Conv" in capsys.readouterr().out

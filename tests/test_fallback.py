@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from ckpt_lab import track_memory
-from ckpt_lab.fallback import (NoConfigFitsError, StepConfig, next_config,
+from ckpt_lab.fallback import (NoConfigFitsError, StepConfig, chain_step, config_flops,
+                               median_seconds, next_config, policy_for, run_config,
                                run_with_fallback)
 from ckpt_lab.models import MLPConfig, build_model
 
@@ -14,19 +15,7 @@ def make_step(limit_bytes):
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, 256, (32, 16), generator=g)
     tgt = torch.randint(0, 256, (32, 16), generator=g)
-    peaks = []
-
-    def step(cfg: StepConfig):
-        model.set_policy(f"every:{cfg.checkpoint_every}" if cfg.checkpoint_every else "none")
-        model.zero_grad(set_to_none=True)
-        with track_memory(limit_bytes=limit_bytes) as mem:
-            for i in range(cfg.accumulation_steps):
-                sl = slice(i * cfg.micro_batch, (i + 1) * cfg.micro_batch)
-                (model(idx[sl], tgt[sl]) / cfg.accumulation_steps).backward()
-        peaks.append(mem.peak_bytes)
-        return mem.peak_bytes
-
-    return step, peaks
+    return chain_step(model, idx, tgt, limit_bytes), (model, idx, tgt)
 
 
 def test_ladder_finds_the_first_config_that_fits():
@@ -36,17 +25,17 @@ def test_ladder_finds_the_first_config_that_fits():
     assert ladder[1:] == [StepConfig(4, 1, 32), StepConfig(2, 1, 32), StepConfig(1, 1, 32),
                           StepConfig(1, 2, 32), StepConfig(1, 4, 32)]
     step, _ = make_step(None)
-    peaks = [step(cfg) for cfg in ladder]
-    # measured, not assumed: every:1 saves nothing here (an MLP block saves only the tensor
-    # the next block's input is anyway), and 2 accumulation steps are not enough
-    assert peaks[3] == peaks[0] and peaks[4] > peaks[2]
+    peaks = [step(cfg).peak_bytes for cfg in ladder]
+    # measured, not assumed: denser is not always leaner (every:1 keeps each block's input,
+    # the very tensor an MLP block keeps anyway, and peaks above every:2); accumulation halves
+    assert peaks[1] < peaks[0] and peaks[3] > peaks[2]
     assert peaks[5] < min(peaks[:5])
     limit = (peaks[5] + min(peaks[:5])) // 2
     step, _ = make_step(limit)
     out = run_with_fallback(step, StepConfig(0, 1, 32), max_every=4)
     assert [r.config for r in out.rungs] == ladder
     assert [r.fits for r in out.rungs] == [False] * 5 + [True]
-    assert out.config == StepConfig(1, 4, 32) and out.result == peaks[5] <= limit
+    assert out.config == StepConfig(1, 4, 32) and out.result.peak_bytes == peaks[5] <= limit
     assert "simulated out of memory" in out.rungs[0].error
 
 
@@ -85,3 +74,37 @@ def test_bad_ladder_arguments():
         run_with_fallback(lambda c: 0, StepConfig(), order=())
     with pytest.raises(ValueError, match="max_every"):
         run_with_fallback(lambda c: 0, StepConfig(), max_every=0)
+
+
+def test_chain_step_measures_what_a_hand_written_step_does():
+    step, (model, idx, tgt) = make_step(None)
+    cfg = StepConfig(2, 2, 32)
+    model.set_policy("every:2")
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with track_memory() as mem:
+        for xm, ym in zip(idx[:32].chunk(2), tgt[:32].chunk(2)):
+            (model(xm, ym) / 2).backward()
+    log = step(cfg)
+    assert log.peak_bytes == mem.peak_bytes and log.num_ops == mem.num_ops
+    assert policy_for(StepConfig(0)) == "none" and policy_for(cfg) == "every:2"
+
+
+def test_counted_flops_accumulation_is_free_recompute_is_not():
+    _, (model, idx, tgt) = make_step(None)
+    plain = config_flops(model, idx, tgt, StepConfig(0, 1, 32))
+    assert config_flops(model, idx, tgt, StepConfig(0, 4, 32)) == plain
+    assert config_flops(model, idx, tgt, StepConfig(1, 1, 32)) > plain
+    assert config_flops(model, idx, tgt, StepConfig(0, 1, 16)) * 2 == plain
+
+
+def test_median_seconds_times_each_config_without_tracking():
+    _, (model, idx, tgt) = make_step(None)
+    threads = torch.get_num_threads()
+    times = median_seconds(model, idx, tgt, [StepConfig(0, 1, 32), StepConfig(0, 1, 2)], 3)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert torch.get_num_threads() == threads            # restored after timing on one thread
+    with pytest.raises(ValueError, match="repeats"):
+        median_seconds(model, idx, tgt, [StepConfig()], 0)
+    run_config(model, idx, tgt, StepConfig(4, 1, 8))
+    assert all(p.grad is not None for p in model.parameters())

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -65,6 +66,10 @@ def test_outputs_stripped_and_kernelspec(path):
             assert cell.outputs == [] and cell.execution_count is None
 
 
+PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+COLAB_SHIPS = ("torch", "ipywidgets", "numpy", "matplotlib")
+
+
 @pytest.mark.parametrize("path", ALL, ids=_name)
 def test_first_code_cell_installs_only_when_missing(path):
     first = _code(_read(path))[0]
@@ -72,7 +77,28 @@ def test_first_code_cell_installs_only_when_missing(path):
     pip_lines = [line for line in first.splitlines() if "pip install" in line]
     assert pip_lines and all(line.startswith("    ") for line in pip_lines)   # inside except
     assert any("--no-deps" in line and course.REPO_SLUG in line for line in pip_lines)
-    assert not any(re.search(r"\btorch\b", line) for line in pip_lines)
+    # nothing Colab ships is installed, upgraded or pinned
+    assert all("--no-deps" in line for line in pip_lines)
+    assert not any(re.search(rf"\b{name}\b", line) for line in pip_lines for name in COLAB_SHIPS)
+    assert "course.setup()" in first                          # prints the device it will use
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_install_cell_pins_this_release(path):
+    """The tag a notebook installs is the package's version, so a release bump cannot forget it."""
+    first = _code(_read(path))[0]
+    tags = re.findall(r"git\+https://github\.com/([\w.-]+/[\w.-]+)@v([\w.]+)\"", first)
+    assert tags == [(course.REPO_SLUG, PYPROJECT_VERSION)], tags
+    assert course.install_spec() in first
+    import ckpt_lab
+    assert ckpt_lab.__version__ == PYPROJECT_VERSION
+
+
+@pytest.mark.parametrize("path", COURSE, ids=_name)
+def test_opening_says_how_to_get_a_gpu_on_colab(path):
+    opening = _read(path).cells[0].source
+    assert "Runtime > Change runtime type" in opening and "GPU" in opening
+    assert course.GPU_HINT.startswith("on Colab, Runtime > Change runtime type")
 
 
 def _calls(source: str, prefix: str):
@@ -123,17 +149,23 @@ def test_tour_links_every_lesson():
             assert f"({name}.ipynb)" in tour
 
 
-def test_budget_hook_fails_a_notebook_over_budget(tmp_path):
+def test_budget_hook_fails_a_notebook_over_budget_and_saves_the_run(tmp_path):
     """Run one tiny notebook under nbval with a zero-second budget: the hook must fail it and
-    still write its measurements."""
+    still write its measurements, and save the notebook as executed, widget state included
+    (what the site is built from)."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("x = [0] * 1000"), nbformat.v4.new_code_cell("print(len(x))")]
+    nb.cells = [nbformat.v4.new_code_cell("x = [0] * 1000"), nbformat.v4.new_code_cell("print(len(x))"),
+                nbformat.v4.new_markdown_cell("text"),
+                nbformat.v4.new_code_cell("import ipywidgets\ns = ipywidgets.IntSlider(value=3)\ns"),
+                nbformat.v4.new_code_cell("s.value = 7"),
+                nbformat.v4.new_code_cell("len(x);  # a final semicolon hides the value")]
     target = NB_DIR / "zz_budget_probe.ipynb"   # beside the conftest that holds the hook
     out = tmp_path / "budgets.json"
     nbformat.write(nb, target)
     try:
-        env = dict(os.environ, CKPT_LAB_NB_BUDGET_SECONDS="0", CKPT_LAB_NB_BUDGET_JSON=str(out))
+        env = dict(os.environ, CKPT_LAB_NB_BUDGET_SECONDS="0", CKPT_LAB_NB_BUDGET_JSON=str(out),
+                   CKPT_LAB_EXECUTED_DIR=str(tmp_path / "executed"))
         proc = subprocess.run([sys.executable, "-m", "pytest", str(target), "-p", "no:cacheprovider",
                                "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     finally:
@@ -142,3 +174,13 @@ def test_budget_hook_fails_a_notebook_over_budget(tmp_path):
     assert "over its budget" in proc.stdout
     record = json.loads(out.read_text())["zz_budget_probe.ipynb"]
     assert record["seconds"] > 0 and record["peak_rss_mib"] > 10
+
+    ran = _read(tmp_path / "executed" / "zz_budget_probe.ipynb")
+    code = [c for c in ran.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == [1, 2, 3, 4, 5]
+    assert code[4].outputs == []                                 # as Jupyter shows it
+    assert code[1].outputs[0].text == "1000\n" and ran.cells[2].source == "text"
+    view = code[2].outputs[0].data["application/vnd.jupyter.widget-view+json"]
+    state = ran.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    assert state[view["model_id"]]["state"]["value"] == 7      # the state after the last cell
+    assert not list(NB_DIR.glob("zz_budget_probe*")) and not (NB_DIR / "executed").exists()

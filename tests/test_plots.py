@@ -23,7 +23,13 @@ def test_timeline_run_lines_never_share_a_phase_colour():
     lines = [l for l in ax.get_lines() if "segments" in l.get_label()]
     assert len(lines) == 2 and not {to_rgba(l.get_color()) for l in lines} & phase
     assert [max(l.get_ydata()) * plots.MIB for l in lines] == [m.peak_bytes for m in logs.values()]
-    assert "recompute ops" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "recompute ops (shaded)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    spans = plots.phase_spans(logs["3 segments"])
+    assert len(spans) == 2 and plots.phase_spans(logs["1 segments"]) == []
+    assert len(ax.patches) == 2                      # one shaded band per recomputed segment
+    for first, last in spans:                        # each band is a tooth: memory climbs in it
+        live = {p.step: p.live_bytes for p in logs["3 segments"].timeline}
+        assert max(live[s] for s in range(first, last + 1)) > live[first - 1]
 
 
 def test_measured_vs_predicted_series_can_be_told_apart():

@@ -214,3 +214,48 @@ def test_without_grad_policy_is_validated_and_fn_runs_plainly():
         assert torch.equal(checkpoint(m, x, policy="save_matmuls"), m(x))
         with pytest.raises(ValueError):
             checkpoint(m, x, policy="nope")
+
+
+def test_policy_that_reads_the_op_alone_is_asked_once_per_op():
+    asked = []
+
+    def counting(op, *args, **kwargs):
+        asked.append(op)
+        return op.overloadpacket in (aten.addmm,)
+
+    m, x = blocks(2), torch.randn(8, 16)
+    ref, _ = run(m, x, lambda b, y: b(y))
+    per_call, _ = run(m, x, lambda b, y: checkpoint(b, y, policy=counting))
+    calls = len(asked)
+    counting.by_op_only = True   # what save_matmuls, recompute_all and op collections carry
+    asked.clear()
+    per_op, _ = run(m, x, lambda b, y: checkpoint(b, y, policy=counting))
+    assert same(ref, per_call) and same(ref, per_op)
+    # 2 blocks x (2 addmm, gelu, tanh, mul, ...): asked for every call, then once per op a block
+    assert calls > len(asked) and len(asked) == len(set(asked)) * 2
+    assert save_matmuls.by_op_only and POLICIES["recompute_all"].by_op_only
+
+
+def test_benchmark_rows_give_the_gradients_and_peak_of_their_torch_twins(one_thread):
+    # The rows bench_train times: ckpt_lab's selective (attention core) and save_matmuls per
+    # block beside PyTorch's selective checkpointing told to save the same ops. Dropout on.
+    from benchmarks.bench_train import POLICIES as ROWS, TORCH_SAC, _build
+    from ckpt_lab.data import TextBatches, load_corpus
+    from ckpt_lab.models import get_config
+    cfg = get_config("gpt-tiny")
+    x, y = TextBatches(load_corpus(), 2, cfg.block_size, seed=0).get(0)
+
+    def step(name):
+        model = _build(cfg, name).train()
+        torch.manual_seed(5)
+        with track_memory() as mem:
+            model(x, y).backward()
+        return [p.grad for p in model.parameters()], mem.peak_bytes
+
+    plain, plain_peak = step("none")
+    for name in ("selective", "save_matmuls"):
+        ours, ours_peak = step(name)
+        theirs, theirs_peak = step(f"{name} {TORCH_SAC}")
+        assert same(plain, ours) and same(plain, theirs), name
+        assert ours_peak == theirs_peak < plain_peak, name
+    assert {"selective", "save_matmuls"} <= set(ROWS)

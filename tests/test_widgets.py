@@ -34,7 +34,7 @@ def test_segments_explorer_measures_and_redraws():
     # PyTorch's own checkpoint_sequential as the oracle for every point of the curve
     blocks = e._blocks(9, 32)
     torch.manual_seed(1)
-    x = torch.randn(2 * 16, 32, requires_grad=True)
+    x = torch.randn(2 * 16, 32, device=e.device, requires_grad=True)
     for s in (1, 3, 9):
         assert e.result.measured_curve[s - 1] == _torch_peak(blocks, x, s)
     assert e.result.best_segments == e.result.predicted_best == 3
@@ -57,7 +57,7 @@ def test_seq_explorer_matches_formula_and_grows_quadratically():
         assert abs(r.ratio - 1) < 1e-3, r
         # kept bytes are those of the block measured directly
         torch.manual_seed(1)
-        assert r.measured_bytes == kept_after_forward(e.block, torch.randn(2, seq, 32,
+        assert r.measured_bytes == kept_after_forward(e.block, torch.randn(2, seq, 32, device=e.device,
                                                                            requires_grad=True))
         shares.append(r.quadratic_bytes / (r.linear_bytes + r.quadratic_bytes))
     assert shares[0] < shares[1] < shares[2]

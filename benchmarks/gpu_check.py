@@ -1,0 +1,236 @@
+"""The course's CUDA paths, measured on a GPU: one JSON for the lessons to cite.
+
+Four measurements, each at the GPU sizes the lessons pick by themselves (`course.sizes`):
+
+* tracker: `track_memory`'s exact peak against the CUDA caching allocator's own
+  `torch.cuda.max_memory_allocated`, on the MLP, GPT (per policy) and ResNet presets. The
+  allocator rounds every block up (512 B minimum, 2 MiB segments aside) and keeps cuBLAS/cuDNN
+  workspaces that no tensor owns, so it reads a little higher; the ratio says how much.
+* offload: `offload_activations` with pinned host memory on a side stream: device peak with and
+  without it, bytes moved, measured copy time and bandwidth, gradients against a plain run.
+* fp16: `train(precision="fp16")` with its GradScaler beside fp32 and bf16: losses finite, the
+  scale the scaler settled on, peaks and step times.
+* policies: `benchmarks.bench_train` on the GPT at GPU size: step time, FLOPs and peak of each
+  checkpoint policy (none, every block, every 2nd block, selective, PyTorch's selective when
+  the benchmark has it).
+
+`scripts/gpu_check.sh` runs this, then every CUDA test and every lesson at GPU sizes, and folds
+their pass/fail counts into the same JSON. On a machine without CUDA, `--quick` runs the same
+code on the CPU at tiny sizes (the CUDA-only fields are null), so the logic is tested anywhere.
+Run: python -m benchmarks.gpu_check [--quick] [--out PATH]
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ckpt_lab import track_memory
+from ckpt_lab.data import ImageBatches, TextBatches, load_corpus
+from ckpt_lab.models import build_model, get_config
+from ckpt_lab.offload import offload_activations
+from ckpt_lab.train import train
+
+OUT = Path(__file__).parent / "results" / "gpu" / "gpu_check.json"
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _batch(cfg, batch: int, device: torch.device):
+    """One (x, y) batch for a preset's config, on the device."""
+    if hasattr(cfg, "image_size"):
+        x, y = ImageBatches(batch, cfg.image_size, cfg.in_channels, cfg.num_classes).get(0)
+    else:
+        x, y = TextBatches(load_corpus(), batch, cfg.block_size, seed=0).get(0)
+    return x.to(device), y.to(device)
+
+
+def _allocator_peak(device: torch.device, fn) -> int | None:
+    """Bytes the CUDA allocator's max rose above its level before `fn()`; None on CPU."""
+    if device.type != "cuda":
+        fn()
+        return None
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
+
+
+def _step(model, x, y):
+    model(x, y).backward()
+
+
+def tracker_vs_allocator(device: torch.device, quick: bool) -> list[dict]:
+    """track_memory's peak beside the allocator's, one forward + backward per workload."""
+    suffix = "tiny" if quick else ("gpu" if device.type == "cuda" else "cpu")
+    workloads = [(f"mlp-{suffix}", "none", 8), (f"gpt-{suffix}", "none", 8),
+                 (f"gpt-{suffix}", "every", 8), (f"gpt-{suffix}", "selective", 8),
+                 (f"resnet-{suffix}", "none", 16), (f"resnet-{suffix}", "every", 16)]
+    rows = []
+    for preset, policy, batch in workloads:
+        cfg = get_config(preset, **({"dropout": 0.0} if "gpt" in preset else {}))
+        model = build_model(cfg, policy).to(device).train()
+        x, y = _batch(cfg, batch, device)
+        for p in model.parameters():         # parameter grads are state, allocated up front
+            p.grad = torch.zeros_like(p)
+        _step(model, x, y)                    # warm-up: cuBLAS handles, workspaces
+        allocator = _allocator_peak(device, lambda: _step(model, x, y))
+        with track_memory() as mem:
+            _step(model, x, y)
+        rows.append({
+            "workload": f"{preset} {policy}", "batch": batch,
+            "tracked_peak_bytes": mem.peak_bytes,
+            "allocator_peak_bytes": allocator,
+            "allocator_peak_inside_tracker_bytes": mem.cuda_peak_bytes,
+            "allocator_over_tracked": None if allocator is None else allocator / mem.peak_bytes,
+        })
+        del model
+    return rows
+
+
+def offload_check(device: torch.device, quick: bool) -> dict:
+    """Pinned-memory offload on the GPT: device peak, bytes and time moved, gradients equal."""
+    preset = "gpt-tiny" if quick else ("gpt-gpu" if device.type == "cuda" else "gpt-cpu")
+    cfg = get_config(preset, dropout=0.0)
+    model = build_model(cfg, "none").to(device).train()
+    x, y = _batch(cfg, 8, device)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+
+    def grads():
+        for p in params:
+            p.grad.zero_()
+        _step(model, x, y)
+        return [p.grad.clone() for p in params]
+
+    plain = grads()
+    plain_again = grads()                        # is a plain step itself deterministic here?
+    plain_peak = _allocator_peak(device, grads)
+    for p in params:
+        p.grad.zero_()
+    with torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda"):
+        loss = model(x, y)
+    loss.backward()
+    torch_offload = [p.grad.clone() for p in params]
+    with track_memory() as plain_mem:
+        grads()
+
+    box = {}
+
+    def offloaded():
+        with offload_activations() as stats:
+            for p in params:
+                p.grad.zero_()
+            loss = model(x, y)
+        loss.backward()
+        box["stats"], box["grads"] = stats, [p.grad.clone() for p in params]
+
+    offloaded()                                  # warm-up: pinned buffers, the side stream
+    _sync(device)
+    start = time.perf_counter()
+    off_peak = _allocator_peak(device, offloaded)
+    seconds = time.perf_counter() - start
+    stats = box["stats"]
+    copy_seconds = stats.copy_seconds()
+    moved = stats.bytes_offloaded + stats.bytes_restored
+    with track_memory() as off_mem:
+        offloaded()
+    return {
+        "preset": preset, "device": str(device),
+        "plain_allocator_peak_bytes": plain_peak, "offload_allocator_peak_bytes": off_peak,
+        "plain_tracked_peak_bytes": plain_mem.peak_bytes,
+        "offload_tracked_peak_bytes": off_mem.peak_bytes,
+        "bytes_offloaded": stats.bytes_offloaded, "bytes_restored": stats.bytes_restored,
+        "copied_bytes": stats.copied_bytes, "storages": stats.storages,
+        "copy_seconds": copy_seconds,
+        "copy_bytes_per_s": moved / copy_seconds if copy_seconds else None,
+        "step_seconds": seconds,
+        "pinned": bool(device.type == "cuda"),
+        "grads_equal": _same(plain, box["grads"]),
+        "max_abs_grad_diff": _max_diff(plain, box["grads"]),
+        "plain_repeat_grads_equal": _same(plain, plain_again),
+        "torch_save_on_cpu_grads_equal": _same(plain, torch_offload),
+        "torch_save_on_cpu_max_abs_grad_diff": _max_diff(plain, torch_offload),
+    }
+
+
+def _same(a: list, b: list) -> bool:
+    return all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def _max_diff(a: list, b: list) -> float:
+    return max(float((u - v).abs().max()) for u, v in zip(a, b))
+
+
+def precision_check(device: torch.device, quick: bool) -> dict:
+    """fp16 + GradScaler beside fp32 and bf16: a few steps of train() on the GPT."""
+    preset = "gpt-tiny" if quick else ("gpt-gpu" if device.type == "cuda" else "gpt-cpu")
+    cfg = get_config(preset)
+    steps = 3 if quick else 8
+    batches = TextBatches(load_corpus(), 8, cfg.block_size, seed=0)
+    precisions = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    out = {"preset": preset, "steps": steps}
+    for precision in precisions:
+        model = build_model(cfg, "every").to(device)
+        result = train(model, batches, steps, precision=precision, device=device, seed=0,
+                       progress=False)
+        recs = result.records
+        out[precision] = {
+            "losses": result.losses,
+            "all_finite": all(l == l and abs(l) != float("inf") for l in result.losses),
+            "median_step_seconds": statistics.median(r.seconds for r in recs[1:]),
+            "tracked_peak_bytes": max(r.peak_bytes for r in recs),
+            "allocator_peak_bytes": max((r.cuda_peak_bytes or 0) for r in recs) or None,
+            "grad_scale": result.scaler.get_scale() if result.scaler is not None else None,
+        }
+    return out
+
+
+def policies_check(quick: bool, out_dir: Path) -> dict:
+    """`benchmarks.bench_train` at the device's size, written beside this JSON."""
+    from benchmarks import bench_train
+    return bench_train.main(out_path=out_dir / "train.json", quick=quick)
+
+
+def main(out_path: Path | None = None, quick: bool = False) -> dict:
+    """Run every measurement, write one JSON, return it."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    out = Path(out_path) if out_path is not None else OUT
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor()
+        or "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "quick": quick,
+    }
+    for name, fn in [("tracker_vs_allocator", lambda: tracker_vs_allocator(device, quick)),
+                     ("offload", lambda: offload_check(device, quick)),
+                     ("precision", lambda: precision_check(device, quick)),
+                     ("policies", lambda: policies_check(quick, out.parent))]:
+        start = time.perf_counter()
+        try:
+            result[name] = fn()
+        except Exception as e:                  # one failing part must not hide the others
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    path = Path(args[args.index("--out") + 1]) if "--out" in args else None
+    main(path, quick="--quick" in args)

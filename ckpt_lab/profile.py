@@ -1,0 +1,269 @@
+"""Profile a chain layer by layer: everything a training step's peak memory depends on.
+
+A step of `checkpoint_sequential(layers, x, boundaries=...)` followed by
+`.float().sum().backward()` is a sequence of layer forwards, recomputes and backwards. Its
+live bytes at any moment are a sum of pieces that belong to single layers: what a layer
+saves for backward, the input it holds during its forward, the gradient arriving at it and
+what its backward allocates. `profile_layers` measures those pieces for each layer *alone*,
+with `track_memory`, in exactly the situations the step puts it in:
+
+* its forward saving for backward (plain run, or the recompute of a checkpointed segment,
+  which stops right after the last tensor it must save), and its forward under a checkpoint,
+  which saves nothing;
+* its backward, with the gradient arriving at its output as the layer after it sends it (the
+  loss's own gradient for the last layer), once with its input held elsewhere (kept by a
+  checkpoint, or saved by the layer before) and once held only by what it saved itself.
+
+`planner.step_peak_bytes` puts the pieces together for any segmentation. Nothing of the
+model changes: parameter gradients (`.grad`), BatchNorm running statistics and the random
+number generators are restored afterwards.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .memory import phase, track_memory
+
+
+@dataclass
+class LayerProfile:
+    """What one layer of a chain costs. Bytes count storages allocated by the layer (views once).
+
+    The first four fields are the activation model of lessons 3 and 6; the rest feed the
+    exact step model (`planner.step_peak_bytes`) and are None in a hand-made profile.
+    """
+
+    name: str
+    act_bytes: int                 # storages this layer is the first to save for backward
+    out_bytes: int                 # its output
+    forward_seconds: float         # median forward time with grad enabled
+    work_bytes: int | None = None  # backward's peak beyond its saved tensors: the gradient
+    #                                arriving, the one sent on, temporaries
+    own_bytes: int | None = None   # saved storages it creates itself (its output if saved)
+    saves_input: bool | None = None
+    saves_output: bool | None = None
+    saves_any: bool | None = None  # saves any tensor at all (parameters count): a recompute runs it
+    forward_peak_bytes: int | None = None       # peak in its forward, saving (input not counted)
+    free_forward_peak_bytes: int | None = None  # peak in its forward under a checkpoint
+    backward_peak_bytes: int | None = None      # peak in its backward, input held elsewhere
+    held_backward_peak_bytes: int | None = None  # same, input held only by what it saved
+    grad_in_bytes: int | None = None            # the gradient arriving at its output
+    # the same when its forward is a checkpoint's recompute (a layer may save more then, e.g.
+    # models.RecomputeSafeBatchNorm2d saves copies of its running statistics)
+    recompute_own_bytes: int | None = None
+    recompute_forward_peak_bytes: int | None = None
+    recompute_peak_bytes: int | None = None     # peak up to its last save, where a recompute stops
+    recompute_backward_peak_bytes: int | None = None
+    recompute_held_backward_peak_bytes: int | None = None
+
+
+class _Sink(torch.autograd.Function):
+    """Stands for the layers before: a fresh copy of the input whose gradient is kept in `box`."""
+
+    @staticmethod
+    def forward(ctx, t, box):
+        ctx.box = box
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.box.append(g)
+        return None, None
+
+
+class _Tap(torch.autograd.Function):
+    """Stands for the layers after: in backward, allocates the gradient they would send."""
+
+    @staticmethod
+    def forward(ctx, y, like):
+        ctx.like = like
+        return y.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _):
+        like = ctx.like
+        base = like.new_zeros(like.untyped_storage().nbytes() // like.element_size())
+        return base.as_strided(like.size(), like.stride(), like.storage_offset()), None
+
+
+def _layer_input(x, requires_grad, box):
+    return _Sink.apply(x, box) if requires_grad else x.clone()
+
+
+def _alone(layer, x, requires_grad, incoming, head, held):
+    """Forward + backward of one layer alone, as the step runs it; returns the measurements."""
+    box, packs = [], []
+    leaf = x.detach().requires_grad_(requires_grad)
+    outside = None if held else _layer_input(leaf, requires_grad, box)
+    with track_memory() as log:
+        def pack(t):
+            packs.append((t.untyped_storage().data_ptr(), len(log.timeline)))
+            return t.detach()
+
+        xin = outside if outside is not None else _layer_input(leaf, requires_grad, box)
+        in_ptr = xin.untyped_storage().data_ptr()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = layer(xin)
+            end = _Tap.apply(y, incoming) if incoming is not None and not head else None
+            loss = y.float().sum() if head else None
+        forward_peak = log.peak_bytes
+        fwd_ops = len(log.timeline)
+        out_bytes = y.untyped_storage().nbytes()
+        out_ptr = y.untyped_storage().data_ptr()
+        del xin
+        with_y = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
+        del y
+        # the loss of the last layer is alive in backward, but no layer saved it
+        own = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
+        start = len(log.timeline)
+        if head and loss.requires_grad:
+            loss.backward()
+        elif end is not None and end.requires_grad:
+            end.backward(end)
+        backward_peak = max([own] + [p.live_bytes for p in log.timeline[start:]])
+    del loss, end
+    last = packs[-1][1] if packs else 0
+    return dict(
+        own=own, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
+            p == out_ptr for p, _ in packs),
+        saves_input=any(p == in_ptr for p, _ in packs), saves_any=bool(packs),
+        forward_peak=forward_peak, backward_peak=backward_peak, fwd_ops=fwd_ops,
+        recompute_peak=max([0] + [p.live_bytes for p in log.timeline[:last]]),
+        grad=box[0] if box else None)
+
+
+_COMPARED = ("own", "forward_peak", "recompute_peak", "backward_peak")
+
+
+def _free_forward_peak(layer, x) -> int:
+    """Peak of a layer's forward under a checkpoint: nothing is saved for backward."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: h), \
+            track_memory() as log:
+        layer(x)
+    return log.peak_bytes
+
+
+def _named(layers) -> list:
+    if isinstance(layers, torch.nn.Module):
+        named = list(layers.named_children())
+    else:
+        named = [(str(i), layer) for i, layer in enumerate(layers)]
+    if not named:
+        raise ValueError("profile_layers needs at least one layer")
+    for name, layer in named:
+        if not callable(layer):
+            raise ValueError(f"layer {name} is a {type(layer).__name__}, not a module")
+    return named
+
+
+class _Untouched:
+    """Restore parameter gradients, buffers (BatchNorm statistics) and RNG states on exit."""
+
+    def __init__(self, modules, device):
+        self.modules, self.device = modules, device
+
+    def __enter__(self):
+        mods = [m for m in self.modules if isinstance(m, torch.nn.Module)]
+        self.params = [p for m in mods for p in m.parameters() if p.requires_grad]
+        self.grads = [p.grad for p in self.params]
+        self.buffers = [(b, b.detach().clone()) for m in mods for b in m.buffers()]
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        self.rng = torch.random.fork_rng(devices=devices)
+        self.rng.__enter__()
+        for p in self.params:  # the step's parameter gradients exist before it starts
+            p.grad = torch.zeros_like(p)
+        return self
+
+    def __exit__(self, *exc):
+        for p, g in zip(self.params, self.grads):
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in self.buffers:
+                b.copy_(saved)
+        self.rng.__exit__(*exc)
+        return False
+
+
+def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfile]:
+    """Profile a chain layer by layer: the input of the planner, the formulas and the step model.
+
+    `act_bytes[i]` counts the storages that layer i is first to save for backward (its own
+    intermediates, its output if it saves it, its input if no earlier layer saved that already),
+    so the sum over any run of layers is exactly what that run pins. `out_bytes[i]` is the size
+    of its output. Forward time is the median of `repeats` runs with grad enabled. The other
+    fields (see `LayerProfile`) are measured with each layer run alone, and `x` is treated as
+    the step treats it: allocated before, with its own `requires_grad`. Parameter `.grad`,
+    buffers and random number generators are left as they were.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError("repeats must be an int >= 1")
+    named = _named(layers)
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a tensor (the chain's input), got {type(x).__name__}")
+    n = len(named)
+    with _Untouched([m for _, m in named], x.device):
+        # forward, layer by layer: each layer's input, whether it requires grad, its time
+        inputs, needs, seconds, free = [], [], [], []
+        h, req = x.detach(), x.requires_grad and x.is_floating_point()
+        for _, layer in named:
+            inputs.append(h)
+            needs.append(req)
+            free.append(_free_forward_peak(layer, h.detach().requires_grad_(req)))
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                y = layer(h.detach().requires_grad_(req) if req else h)
+                if y.is_cuda:
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            seconds.append(sorted(times)[len(times) // 2])
+            h, req = y.detach(), bool(y.requires_grad)
+            del y
+        # backward, from the last layer: each layer gets the gradient the next one sent
+        held, alone, again, again_held, incoming = [None] * n, [None] * n, [None] * n, \
+            [None] * n, None
+        for i in reversed(range(n)):
+            _, layer = named[i]
+            head = i == n - 1
+            xi = inputs[i].detach()
+            alone[i] = _alone(layer, xi, needs[i], incoming, head, held=False)
+            held[i] = _alone(layer, xi, needs[i], incoming, head, held=True)
+            with phase("recompute"):
+                again[i] = _alone(layer, xi, needs[i], incoming, head, held=False)
+                same = all(again[i][k] == alone[i][k] for k in _COMPARED)
+                again_held[i] = held[i] if same else _alone(layer, xi, needs[i], incoming,
+                                                            head, held=True)
+            alone[i]["grad_in"] = 0 if incoming is None and not head else (
+                4 if head else incoming.untyped_storage().nbytes())
+            incoming = alone[i]["grad"]
+            held[i]["grad"] = alone[i]["grad"] = again[i]["grad"] = again_held[i]["grad"] = None
+    out = []
+    for i, (name, _) in enumerate(named):
+        a, b = alone[i], held[i]
+        first_saves_input = a["saves_input"] and i > 0 and not alone[i - 1]["saves_output"]
+        extra = alone[i - 1]["out"] if first_saves_input else 0
+        out.append(LayerProfile(
+            name=name, act_bytes=a["own"] + extra, out_bytes=a["out"],
+            forward_seconds=seconds[i], work_bytes=a["backward_peak"] - a["own"], own_bytes=a["own"],
+            saves_input=a["saves_input"], saves_output=a["saves_output"],
+            saves_any=a["saves_any"], forward_peak_bytes=a["forward_peak"],
+            free_forward_peak_bytes=free[i], backward_peak_bytes=a["backward_peak"],
+            held_backward_peak_bytes=b["backward_peak"], grad_in_bytes=a["grad_in"],
+            recompute_own_bytes=again[i]["own"],
+            recompute_forward_peak_bytes=again[i]["forward_peak"],
+            recompute_peak_bytes=again[i]["recompute_peak"],
+            recompute_backward_peak_bytes=again[i]["backward_peak"],
+            recompute_held_backward_peak_bytes=again_held[i]["backward_peak"]))
+    return out
+
+
+def backward_work_bytes(layers, x: torch.Tensor) -> list[int]:
+    """Per layer, the most bytes its backward holds beyond what its forward saved: the gradient
+    arriving at its output, the one it sends on, and any temporaries (measured one layer at a
+    time, input requiring grad; parameter gradients exist beforehand, so they are not counted,
+    and the model's `.grad` are left as they were)."""
+    x = x.detach().requires_grad_(x.is_floating_point())
+    return [p.work_bytes for p in profile_layers(layers, x, repeats=1)]

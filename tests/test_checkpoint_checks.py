@@ -1,0 +1,284 @@
+"""The checks ckpt_lab.checkpoint layers on the two minimal designs, each against plain autograd.
+
+Each test builds a case where a checkpoint without the check would give wrong gradients
+silently: in-place edits (versions), random generators on nested arguments (RNG), a saved tensor
+read twice, and the early-stop switch.
+"""
+import functools
+
+import pytest
+import torch
+import torch.utils.checkpoint as tuc
+from torch import nn
+
+import ckpt_lab.checkpoint as ck
+from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
+
+IMPLS = ["hooks", "reentrant"]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+# ------------------------------------------------------------------------------- versions
+def sigmoid_then_edit(x, edit=True):
+    y = torch.sigmoid(x)
+    z = y * x
+    if edit:
+        y.mul_(3)      # y was saved by sigmoid and by the multiply
+    return z * x       # saves z: a recompute must run past the edit
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_saved_tensor_modified_in_place_inside_the_function_is_refused(impl):
+    x = torch.randn(5, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        sigmoid_then_edit(x).sum().backward()              # plain autograd refuses
+    y = checkpoint(sigmoid_then_edit, x, impl=impl).sum()
+    with pytest.raises(CheckpointError, match="modified in place.*out-of-place"):
+        y.backward()
+
+
+def test_torch_returns_a_wrong_gradient_where_plain_autograd_refuses():
+    """Why the check exists: the oracle itself is silently wrong here (z was computed before
+    the edit, so the right gradient is that of the function without it)."""
+    x = torch.randn(5, requires_grad=True)
+    right = torch.autograd.grad(sigmoid_then_edit(x, edit=False).sum(), x)[0]
+    tuc.checkpoint(sigmoid_then_edit, x, use_reentrant=False).sum().backward()
+    assert not torch.allclose(x.grad, right)
+
+
+def small_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6))
+
+
+class Wrapper(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = small_model()
+
+    def run(self, x):
+        return self.body(x)
+
+
+GLOBAL_MODEL = small_model()
+
+
+def through_global(x):
+    return GLOBAL_MODEL(x)
+
+
+def callers():
+    """The same model reached as a module, a bound method, a closure, a partial, a global."""
+    m = small_model()
+    w = Wrapper()
+    return {
+        "module": (m, m),
+        "bound method": (w.run, w.body),
+        "closure": ((lambda x: torch.relu(m(x))), m),
+        "partial": (functools.partial(lambda mod, x: mod(x), m), m),
+        "global": (through_global, GLOBAL_MODEL),
+    }
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("how", list(callers()))
+def test_optimizer_step_between_forward_and_backward_is_refused(impl, how):
+    fn, model = callers()[how]
+    x = torch.randn(3, 6, requires_grad=True)
+    model(x).sum().backward()                         # gradients for the optimizer to use
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    y = checkpoint(fn, x, impl=impl).sum()
+    opt.step()                                        # before backward: the classic mistake
+    with pytest.raises(CheckpointError, match=r"parameter '.*weight' of .*optimizer step"):
+        y.backward()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_bias_no_op_saves_is_still_checked(impl):
+    """Plain autograd never saves a Linear's bias, so it cannot object; the recompute would use
+    the new bias for the tanh it saves, so the checkpoint must."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    y = checkpoint(lambda t: torch.tanh(lin(t)), x, impl=impl).sum()
+    with torch.no_grad():
+        lin.bias.add_(1.0)
+    with pytest.raises(CheckpointError, match="parameter 'bias' of Linear"):
+        y.backward()
+
+
+CPU_AND_CUDA = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_captured_saved_tensor_modified_before_backward_is_refused(device):
+    c = torch.randn(5, device=device) * 1.0
+    x = torch.randn(5, device=device, requires_grad=True)
+    y = (x * c).sum()
+    c.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()                                  # plain autograd: the mul saved c
+    c = torch.randn(5, device=device) * 1.0
+    y = checkpoint(lambda t: t * c, x).sum()
+    c.add_(1)
+    with pytest.raises(CheckpointError, match=r"saved for backward \(\(5,\), float32\)"):
+        y.backward()
+
+
+def test_keyword_and_nested_tensor_arguments_are_version_checked():
+    x = torch.randn(4, requires_grad=True)
+
+    def f(t, pair, scale=None):
+        return torch.tanh(t + pair[1] * scale)
+
+    b, s = torch.randn(4), torch.randn(4)
+    y = checkpoint(f, x, [None, b], scale=s).sum()
+    s.mul_(2)
+    with pytest.raises(CheckpointError, match="keyword argument 'scale'"):
+        y.backward()
+    y = checkpoint(f, x, [None, b], scale=torch.randn(4)).sum()
+    b.mul_(2)
+    with pytest.raises(CheckpointError, match=r"argument 1\[1\]"):
+        y.backward()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_batch_norm_update_in_the_recompute_is_not_an_edit(impl):
+    """BatchNorm saves its running statistics and the recompute updates them again: a second
+    backward (retain_graph) must not mistake that for an in-place edit."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Tanh())
+    x = torch.randn(8, 4, requires_grad=True)
+    ref = torch.autograd.grad(m(x).sum(), x)[0]
+    y = checkpoint(m, x, impl=impl).sum()
+    y.backward(retain_graph=True)
+    first = x.grad.clone()
+    y.backward()
+    assert torch.equal(first, ref) and torch.equal(x.grad, 2 * ref)
+
+
+def test_probe_shares_the_version_counter_without_the_memory():
+    t = torch.randn(256, 256) * 1.0
+    probe = ck._probe(t)
+    assert probe.untyped_storage().nbytes() == 0
+    v = t._version
+    t[0].add_(1)                                       # through a view
+    assert probe._version == t._version == v + 1
+
+
+# ------------------------------------------------------------------------------------ RNG
+def dropout_pair(pair, scale):
+    a, b = pair
+    return nn.functional.dropout(a * scale["s"], 0.5) + nn.functional.dropout(b, 0.5)
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_dropout_on_tensors_nested_in_lists_and_dicts_is_replayed(device):
+    """Only nested tensors say which CUDA generator to replay (today's torch looks at top-level
+    arguments only)."""
+    torch.manual_seed(0)
+    a = torch.randn(64, 16, device=device, requires_grad=True)
+    b = torch.randn(64, 16, device=device, requires_grad=True)
+    s = torch.randn(16, device=device)
+
+    def grads(run):
+        a.grad = b.grad = None
+        torch.manual_seed(7)
+        run().square().sum().backward()
+        return [a.grad, b.grad]
+
+    ref = grads(lambda: dropout_pair([a, b], {"s": s}))
+    ours = grads(lambda: checkpoint(dropout_pair, [a, b], {"s": s}))
+    assert same(ref, ours)
+
+
+class OnOtherDevice(torch.Tensor):
+    """A storage-less tensor that says it lives on an MPS device (to test the refusal on CPU)."""
+
+    @staticmethod
+    def __new__(cls):
+        return torch.Tensor._make_wrapper_subclass(cls, (2,), device=torch.device("mps"),
+                                                   dtype=torch.float32)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"{func} on a pretend device")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_device_whose_generator_is_not_replayed_is_refused(impl):
+    x = torch.randn(2, requires_grad=True)
+    with pytest.raises(CheckpointError, match="device 'mps'.*preserve_rng_state=False"):
+        checkpoint(lambda t, extra: t * 2, x, {"k": [OnOtherDevice()]}, impl=impl)
+
+
+# -------------------------------------------------------------- a saved tensor read twice
+class ReadsTwice(torch.autograd.Function):
+    """x * x whose backward reads ctx.saved_tensors twice."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        (b,) = ctx.saved_tensors
+        return g * (a + b)
+
+
+def test_a_saved_tensor_read_twice_needs_no_third_forward():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return ReadsTwice.apply(torch.sin(x)).exp()
+
+    x = torch.randn(6, requires_grad=True)
+    ref = torch.autograd.grad(f(x).sum(), x)[0]
+    calls.clear()
+    y = checkpoint(f, x).sum()
+    y.backward(retain_graph=True)
+    assert len(calls) == 2 and torch.equal(x.grad, ref)       # forward + one recompute
+    y.backward()                                              # a new backward recomputes once
+    assert len(calls) == 3 and torch.equal(x.grad, 2 * ref)
+
+
+# ------------------------------------------------------------------------------ early stop
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_early_stop_switch(early_stop):
+    """tanh saves its output, the last tensor backward needs: with early stop the recompute
+    ends there and never reaches the rest of the function."""
+    reached = []
+
+    def f(x):
+        y = torch.tanh(x)
+        reached.append(1)
+        return y * 2
+
+    x = torch.randn(5, requires_grad=True)
+    ref = torch.autograd.grad(f(x).sum(), x)[0]
+    reached.clear()
+    checkpoint(f, x, early_stop=early_stop).sum().backward()
+    assert len(reached) == (1 if early_stop else 2)
+    assert torch.equal(x.grad, ref)
+
+
+def test_early_stop_gives_the_same_gradients_through_checkpoint_sequential():
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Dropout(0.2))
+                        for _ in range(4)])
+    x = torch.randn(5, 8)
+
+    def grads(**kw):
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        checkpoint_sequential(m, x, segments=2, **kw).sum().backward()
+        return [p.grad for p in m.parameters()]
+
+    assert same(grads(early_stop=True), grads(early_stop=False))

@@ -1,0 +1,245 @@
+"""The step model: exact on random chains, fast on long ones, and what a real step measures.
+
+`planner.step_peak_bytes` must predict `widgets.measure_plan_peak` (one step of
+`checkpoint_sequential` + `.float().sum().backward()`, parameter gradients allocated before)
+within 3% on the course's chains and on chains of PyTorch's own modules, and the planner's
+plans must measure within their budget.
+"""
+import itertools
+import random
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from ckpt_lab import planner, profile_layers, widgets
+from ckpt_lab.models import Block, ConvBNReLU, Embed, GPTConfig, LMHead, MLPBlock, PoolHead, ResBlock
+from ckpt_lab.profile import LayerProfile
+
+
+def all_plans(n):
+    for k in range(n):
+        for rest in itertools.combinations(range(1, n), k):
+            yield [0, *rest]
+
+
+def random_profile(rng, n):
+    """Random but consistent pieces: peaks at least what is alive when they happen."""
+    out = []
+    for i in range(n):
+        own, o, gin = rng.randint(0, 30), rng.randint(0, 20), rng.randint(0, 20)
+        saves = rng.random() < 0.85
+        fwd = own + o + rng.randint(0, 20)
+        bwd = own + gin + rng.randint(0, 30)
+        extra = rng.choice([0, 0, 3])
+        out.append(LayerProfile(
+            str(i), own, o, rng.choice([0, 1, 2, 0.5]), bwd - own, own,
+            saves_input=saves and rng.random() < 0.6, saves_output=saves and rng.random() < 0.5,
+            saves_any=saves, forward_peak_bytes=fwd, free_forward_peak_bytes=rng.randint(o, o + 20),
+            backward_peak_bytes=bwd, held_backward_peak_bytes=bwd + rng.randint(0, 10),
+            grad_in_bytes=gin, recompute_own_bytes=own + extra,
+            recompute_forward_peak_bytes=fwd + extra,
+            recompute_peak_bytes=rng.randint(0, fwd + extra) if saves else 0,
+            recompute_backward_peak_bytes=bwd + extra,
+            recompute_held_backward_peak_bytes=bwd + extra + rng.randint(0, 10)))
+    return out
+
+
+def test_planner_tables_equal_the_readable_model():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 9)
+        step = planner._Step(random_profile(rng, n))
+        step._tables()
+        for a in range(n - 1):
+            for b in range(a + 1, n):
+                assert step.seg[a, b] == step.segment_peak(a, b)
+        assert list(step.last) == [step.last_peak(t) for t in range(n)]
+
+
+def test_step_planner_matches_brute_force():
+    rng = random.Random(1)
+    checked = 0
+    for _ in range(120):
+        n = rng.randint(1, 9)
+        prof = random_profile(rng, n)
+        plans = [planner.evaluate_plan(p, prof) for p in all_plans(n)]
+        assert all(p.peak_bytes == planner.step_peak_bytes(p.boundaries, prof) for p in plans)
+        peaks = sorted({p.peak_bytes for p in plans})
+        for budget in set(rng.sample(peaks, min(3, len(peaks)))) | {peaks[0] - 1, peaks[-1]}:
+            fits = [p for p in plans if p.peak_bytes <= budget]
+            if not fits:
+                with pytest.raises(planner.BudgetTooSmallError) as err:
+                    planner.optimal_segments(prof, budget)
+                assert err.value.minimum_bytes == peaks[0] == planner.minimum_peak(prof)
+                continue
+            want = min(fits, key=lambda p: (p.recompute_cost, p.peak_bytes))
+            got = planner.optimal_segments(prof, budget)
+            assert (got.recompute_cost, got.peak_bytes) == (want.recompute_cost, want.peak_bytes)
+            checked += 1
+        front = planner.pareto_front(prof)
+        for p in front:   # nothing on the front is beaten on both peak and recompute
+            assert not any(q.peak_bytes <= p.peak_bytes and q.recompute_cost <= p.recompute_cost
+                           and (q.peak_bytes, q.recompute_cost) != (p.peak_bytes, p.recompute_cost)
+                           for q in plans)
+    assert checked > 200
+
+
+def test_a_thousand_layer_profile_plans_in_under_a_second():
+    rng = random.Random(2)
+    prof = random_profile(rng, 1000)
+    for p in prof:
+        p.forward_seconds = rng.uniform(0.5, 2.0)
+    budget = int(1.3 * planner.minimum_peak(prof))
+    prof = [dataclass_replace(p) for p in prof]          # a fresh profile: no cached tables
+    start = time.perf_counter()
+    plan = planner.optimal_segments(prof, budget)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0, elapsed
+    assert plan.peak_bytes <= budget < planner.step_peak_bytes([0], prof)
+    assert len(plan.boundaries) > 10
+    assert plan.peak_bytes == planner.step_peak_bytes(plan.boundaries, prof)
+
+
+# ------------------------------------------------------------------- chains, measured
+def mlp():
+    torch.manual_seed(0)
+    widths = [32, 256, 48, 192, 32, 224, 64, 160, 40]
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Sequential(nn.Linear(a, b), nn.Tanh())]
+    return layers, torch.randn(128, 32)
+
+
+def mlp_blocks():
+    torch.manual_seed(0)
+    return [MLPBlock(64, dropout=0.1) for _ in range(8)], torch.randn(128, 64, requires_grad=True)
+
+
+def gpt():
+    torch.manual_seed(0)
+    c = GPTConfig(block_size=16, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
+    return [Embed(c)] + [Block(c) for _ in range(4)] + [LMHead(c)], torch.randint(0, 256, (4, 16))
+
+
+def shrinking_convnet():
+    torch.manual_seed(0)
+
+    def conv(ci, co, stride=1):
+        return nn.Sequential(nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False),
+                             nn.BatchNorm2d(co), nn.ReLU())
+    return [conv(3, 4), conv(4, 4), conv(4, 8, 2), conv(8, 8), conv(8, 16, 2), conv(16, 16),
+            nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))], \
+        torch.randn(4, 3, 16, 16)
+
+
+def resnet():
+    torch.manual_seed(0)
+    return [ConvBNReLU(3, 8)] + [ResBlock(8) for _ in range(4)] + [PoolHead(8, 10)], \
+        torch.randn(4, 3, 8, 8)
+
+
+def torch_encoder():
+    torch.manual_seed(0)
+    return [nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+            for _ in range(5)], torch.randn(4, 12, 32)
+
+
+def bottleneck_mlp():
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(64, 256), nn.GELU()), nn.Sequential(nn.Linear(256, 16), nn.ReLU()),
+            nn.Sequential(nn.Linear(16, 256), nn.GELU(), nn.Dropout(0.1)),
+            nn.Sequential(nn.Linear(256, 16), nn.LayerNorm(16)),
+            nn.Sequential(nn.Linear(16, 128), nn.SiLU()), nn.Linear(128, 8)], torch.randn(64, 64)
+
+
+CHAINS = [mlp, mlp_blocks, gpt, shrinking_convnet, resnet, torch_encoder, bottleneck_mlp]
+
+
+@pytest.mark.parametrize("make", CHAINS, ids=lambda f: f.__name__)
+def test_plans_measure_within_3_percent_and_within_budget(make, one_thread):
+    layers, x = make()
+    prof = profile_layers(layers, x, repeats=1)
+    prof = [dataclass_replace(p, forward_seconds=1.0) for p in prof]   # recompute in layers
+    n = len(layers)
+    none = planner.step_peak_bytes([0], prof)
+    least = planner.minimum_peak(prof)
+    assert least < none
+    ratios = []
+    for budget in sorted({least, (2 * least + none) // 3, (least + 2 * none) // 3, none}):
+        plan = planner.optimal_segments(prof, budget)
+        measured = widgets.measure_plan_peak(layers, x, plan.boundaries)
+        ratios.append(measured / plan.peak_bytes)
+        assert measured <= budget, (plan, measured, budget)
+        assert abs(measured / plan.peak_bytes - 1) <= 0.03, (plan, measured)
+        if n <= 8:   # no plan beats the returned one on both peak and recompute
+            for other in all_plans(n):
+                q = planner.evaluate_plan(other, prof)
+                assert not (q.peak_bytes <= plan.peak_bytes and q.recompute_cost < plan.recompute_cost)
+                assert not (q.peak_bytes < plan.peak_bytes and q.recompute_cost <= plan.recompute_cost)
+    print(make.__name__, "measured / predicted:", [round(r, 5) for r in ratios])
+
+
+def dataclass_replace(p, **kw):
+    import dataclasses
+    return dataclasses.replace(p, **kw)
+
+
+def test_every_plan_of_a_torch_encoder_chain_is_predicted_within_3_percent(one_thread):
+    layers, x = torch_encoder()
+    prof = profile_layers(layers, x, repeats=1)
+    for plan in all_plans(len(layers)):
+        measured = widgets.measure_plan_peak(layers, x, plan)
+        predicted = planner.step_peak_bytes(plan, prof)
+        assert abs(measured / predicted - 1) <= 0.03, (plan, measured, predicted)
+
+
+def test_plan_chain_profiles_plans_and_names_the_minimum(one_thread):
+    layers, x = bottleneck_mlp()
+    loose = planner.plan_chain(layers, x, budget_bytes=10**9, repeats=1)
+    assert loose.boundaries == [0] and loose.recompute_cost == 0
+    assert widgets.measure_plan_peak(layers, x, [0]) == pytest.approx(loose.peak_bytes, rel=0.03)
+    with pytest.raises(planner.BudgetTooSmallError) as err:
+        planner.plan_chain(layers, x, budget_bytes=1_000, repeats=1)
+    least = err.value.minimum_bytes
+    assert f"{least:,}" in str(err.value)
+    tight = planner.plan_chain(layers, x, budget_bytes=least, repeats=1)
+    assert tight.peak_bytes == least and len(tight.boundaries) > 1
+    assert widgets.measure_plan_peak(layers, x, tight.boundaries) <= least
+
+
+def test_profile_leaves_grads_batchnorm_statistics_and_rng_alone():
+    layers, x = shrinking_convnet()
+    model = nn.Sequential(*layers).train()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(3)
+    profile_layers(model, x, repeats=2)
+    after_rng = torch.rand(3)
+    torch.manual_seed(3)
+    assert torch.equal(after_rng, torch.rand(3))          # the generator did not advance
+    for name, p in model.named_parameters():
+        assert p.grad is grads[name] and bool((p.grad == 7).all())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k                 # running stats, num_batches_tracked
+
+
+def test_backward_work_bytes_leaves_grad_alone():
+    from ckpt_lab import memory
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 32)
+    lin.weight.grad = torch.ones_like(lin.weight)
+    kept = lin.weight.grad
+    memory.backward_work_bytes([lin], torch.randn(16, 8))
+    assert lin.weight.grad is kept and bool((kept == 1).all()) and lin.bias.grad is None
+
+
+def test_step_model_needs_a_measured_profile():
+    hand = [LayerProfile("0", 10, 10, 1.0), LayerProfile("1", 10, 10, 1.0)]
+    with pytest.raises(ValueError, match="profile_layers"):
+        planner.step_peak_bytes([0], hand)
+    with pytest.raises(ValueError, match="input_bytes"):
+        planner.optimal_segments(random_profile(random.Random(0), 3), 100, input_bytes=5)
