@@ -2,9 +2,18 @@
 
 A plan is a list of segment starts beginning with 0, applied by
 `checkpoint_sequential(layers, x, boundaries=plan.boundaries)`. Every segment but the last is
-checkpointed: it keeps only its input and runs its forward once more in backward. Memory is
-modelled as in `formulas.segmented_peak_bytes`: max over segments j of (kept inputs of the
-segments before j + everything segment j saves).
+checkpointed: it keeps only its input and runs its forward once more in backward. Two
+memory models, chosen by what a function is given:
+
+* a profile from `profile_layers(layers, x)`: the step model (`step_peak_bytes`), the peak
+  `track_memory` measures for one training step with the plan, built from measurements of
+  each layer alone; `plan_chain(layers, x, budget_bytes)` profiles and plans in one call;
+* plain lists act_bytes, out_bytes, fwd_cost: the activation model of lesson 3
+  (`formulas.segmented_peak_bytes`), saved activations and kept inputs only.
+
+Both have the same shape: a plan's peak is the max over segments j of (kept inputs of the
+segments before j + a term of segment j alone), and the last segment's (all kept inputs +
+its own term).
 
 Why a plain dynamic programme over cost is not enough, and what is exact instead:
 
@@ -19,6 +28,10 @@ Why a plain dynamic programme over cost is not enough, and what is exact instead
   The i that reach k form a window (acts are >= 0), so a heap gives it in O(n log n).
 * t is feasible when best[t] + act[t:n] <= budget. Among plans of least cost we return the
   one of least peak, found by bisecting on the budget (peaks are integers).
+* In the step model a segment's term is not monotone in its end (a longer segment may receive
+  a smaller gradient, or stop its recompute earlier), so there is no window: every term
+  seg[i, k] is tabulated once with numpy, and each position takes the minimum over all i,
+  O(n^2) per budget in vectorised steps (1,000 layers plan in well under a second).
 """
 from __future__ import annotations
 
@@ -525,6 +538,10 @@ def step_peak_bytes(boundaries, profile) -> int:
     are alive together: while segment j is recomputed and run backward, the inputs kept by
     segments 0..j, the gradient arriving at segment j, the activations its layers saved and
     not yet used, and the working memory of the layer running.
+
+    Exact when every layer's output is a new tensor. A layer that returns a view of its input
+    (`nn.Flatten` as a layer of its own) shares that storage with the layer before, and the
+    model may count it twice: the prediction is then high by up to that tensor, not low.
     """
     step = _Step(profile)
     return step.peak(segment_starts(step.n, boundaries=list(boundaries)))
