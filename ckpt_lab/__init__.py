@@ -4,7 +4,9 @@ The names lessons and outside users call live here; each comes from a small modu
 what it does: `memory` measures, `checkpoint` (with `selective`, `recursive`, `offload`)
 changes what autograd keeps, `models`/`data`/`train` give something real to train,
 `formulas` predicts, `planner` decides. Modules such as `ckpt_lab.planner` and
-`ckpt_lab.formulas` are meant to be used by their full name.
+`ckpt_lab.formulas` are meant to be used by their full name. `ckpt_lab.checkpoint` is the
+module that builds checkpointing from scratch, and calling it calls its function:
+`ckpt_lab.checkpoint(fn, x)` is `ckpt_lab.checkpoint.checkpoint(fn, x)`.
 """
 from .memory import (LayerProfile, MemoryLog, SimulatedOutOfMemoryError, phase, profile_layers,
                      track_memory)

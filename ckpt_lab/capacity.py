@@ -64,7 +64,7 @@ class TransformerConfig:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if self.style not in F.STYLES:
             raise ValueError(f"style must be one of {F.STYLES}, got {self.style!r}")
-        kv, inter = F._check_arch(self.hidden, self.heads, self.kv_heads, self.mlp,
+        kv, inter = F.arch_options(self.hidden, self.heads, self.kv_heads, self.mlp,
                                   self.intermediate, self.attention)
         object.__setattr__(self, "kv_heads", kv)
         object.__setattr__(self, "intermediate", inter)
@@ -193,6 +193,8 @@ def step_flops(cfg: TransformerConfig, micro: int, recompute: str = "none") -> i
 
     For the GPT defaults this is `formulas.transformer_flops` (Narayanan et al. 2021).
     """
+    if recompute not in ("none", "selective"):
+        raise ValueError(f"recompute must be 'none' or 'selective', got {recompute!r}")
     weights = F.transformer_layer_weights(cfg.hidden, cfg.heads, cfg.kv_heads, cfg.mlp,
                                           cfg.intermediate)
     core = 4 * micro * cfg.seq ** 2 * cfg.hidden

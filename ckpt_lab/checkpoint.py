@@ -184,8 +184,8 @@ def _modules_of(fn, leaves) -> list[nn.Module]:
                     v = cell.cell_contents
                 except ValueError:             # a cell not filled yet
                     continue
-                if isinstance(v, (nn.Module, list, tuple)):
-                    todo.append(v)
+                if isinstance(v, (nn.Module, list, tuple, functools.partial, types.MethodType)):
+                    todo.append(v)          # (a wrapped module's forward is a bound method)
             for name in _global_names(f.__code__):
                 v = f.__globals__.get(name)
                 if isinstance(v, nn.Module):
@@ -357,13 +357,16 @@ def _fresh(t):
 
 
 # ================================================================ 3. the two designs, full
+_TENSOR = object()   # marks an argument slot that the saved tensors fill
+
+
 class _Reentrant(torch.autograd.Function):
     """``MinimalReentrant`` plus the checks: any positional arguments, RNG, versions, metadata."""
 
     @staticmethod
     def forward(ctx, fn, replay, versions, *args):
         ctx.fn, ctx.replay, ctx.versions = fn, replay, versions
-        ctx.slots = [None if isinstance(a, torch.Tensor) else a for a in args]
+        ctx.slots = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
         ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
         with torch.no_grad():
             out = fn(*args)
@@ -379,7 +382,7 @@ class _Reentrant(torch.autograd.Function):
                 "torch.autograd.grad or backward(inputs=...) use impl='hooks'.")
         ctx.versions.check()
         saved = iter(ctx.saved_tensors)
-        args = [_fresh(next(saved)) if s is None else s for s in ctx.slots]
+        args = [_fresh(next(saved)) if s is _TENSOR else s for s in ctx.slots]
         with ctx.replay.restored(), torch.enable_grad(), phase("recompute"):
             out = ctx.fn(*args)
         outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
@@ -413,6 +416,22 @@ class _Holder:
         self.tensor = None
 
 
+class _Saved:
+    """What the forward recorded about one saved tensor: its holder, metadata and version."""
+
+    __slots__ = ("holder", "meta", "probe", "version")
+
+    def __init__(self, holder: _Holder, t: torch.Tensor):
+        self.holder = weakref.ref(holder)         # dead once autograd no longer needs it
+        self.meta = _meta(t)
+        self.probe, self.version = _probe(t), t._version
+
+    def edited(self) -> bool:
+        """Modified in place since it was saved, while autograd still needs it."""
+        return (self.probe is not None and self.probe._version != self.version
+                and self.holder() is not None)
+
+
 class _StopRecompute(Exception):
     """Raised once the recompute has produced every tensor backward needs (early stop)."""
 
@@ -441,20 +460,19 @@ class _Frame:
         self.fn, self.replay, self.versions, self.early_stop = fn, replay, versions, early_stop
         self.num_args, self.keys = len(args), list(kwargs)
         values = list(args) + list(kwargs.values())
-        self.slots = [None if isinstance(v, torch.Tensor) else v for v in values]
+        self.slots = [_TENSOR if isinstance(v, torch.Tensor) else v for v in values]
         dummy = torch.empty(0, requires_grad=True)
         # Keep the (empty) output: it owns the autograd node, and some PyTorch versions (2.11)
         # free a custom Function's saved tensors once its node has no owner left.
         self.saver_out = _SaveInputs.apply(
             dummy, *[v for v in values if isinstance(v, torch.Tensor)])
         self.saver = self.saver_out.grad_fn
-        # per saved tensor: holder, shape, dtype, device, version probe, version when saved
-        self.saved: list[list] = []
+        self.saved: list[_Saved] = []
         self.running = True                       # the forward has not returned yet
 
     def pack(self, t: torch.Tensor) -> _Holder:
         h = _Holder()
-        self.saved.append([weakref.ref(h), t.shape, t.dtype, t.device, _probe(t), t._version])
+        self.saved.append(_Saved(h, t))
         return h
 
     def unpack(self, h: _Holder) -> torch.Tensor:
@@ -467,13 +485,14 @@ class _Frame:
 
     def _check_versions(self):
         self.versions.check()
-        for i, (ref, shape, dtype, _, probe, version) in enumerate(self.saved):
-            if probe is not None and probe._version != version and ref() is not None:
-                raise _modified_saved_tensor(i, shape, dtype, probe._version, version)
+        for i, s in enumerate(self.saved):
+            if s.edited():
+                raise _modified_saved_tensor(i, s.meta[0], s.meta[1], s.probe._version,
+                                             s.version)
 
     def inputs(self):
         saved = iter(self.saver.saved_tensors)
-        values = [_fresh(next(saved)) if s is None else s for s in self.slots]
+        values = [_fresh(next(saved)) if s is _TENSOR else s for s in self.slots]
         n = self.num_args
         return values[:n], dict(zip(self.keys, values[n:]))
 
@@ -496,10 +515,10 @@ class _Frame:
                     "impl='hooks': the recompute saved more tensors than the forward did; the "
                     "checkpointed function must run the same operations both times.")
             entry = self.saved[i]
-            if _meta(x) != tuple(entry[1:4]):
-                raise _mismatch(f"impl='hooks': saved tensor {i}", entry[1:4], _meta(x))
+            if _meta(x) != entry.meta:
+                raise _mismatch(f"impl='hooks': saved tensor {i}", entry.meta, _meta(x))
             x = x.detach() if x.requires_grad else x   # (x itself would hold its own grad_fn)
-            h = entry[0]()
+            h = entry.holder()
             if h is not None:
                 h.tensor = x
             if stop and count == n:
@@ -516,9 +535,9 @@ class _Frame:
             raise CheckpointError(
                 f"impl='hooks': the recompute saved {count} tensors but the forward saved "
                 f"{n}; the checkpointed function must run the same operations both times.")
-        for entry in self.saved:                  # in-place updates the recompute itself made
-            if entry[4] is not None:              # (batch-norm statistics) are not edits
-                entry[5] = entry[4]._version
+        for s in self.saved:                      # in-place updates the recompute itself made
+            if s.probe is not None:               # (batch-norm statistics) are not edits
+                s.version = s.probe._version
         if torch._C._current_graph_task_id() != -1:
             # Keep the tensors until this backward ends, so a second read (a custom Function
             # reading ctx.saved_tensors twice) gets them without another forward.
@@ -529,8 +548,8 @@ class _Frame:
 
 def _clear(saved: list):
     """Empty the holders a recompute filled."""
-    for entry in saved:
-        h = entry[0]()
+    for s in saved:
+        h = s.holder()
         if h is not None:
             h.tensor = None
 

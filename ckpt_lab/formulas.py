@@ -176,8 +176,8 @@ def swiglu_intermediate(hidden: int, multiplier: float = 1.0, multiple_of: int =
     return multiple_of * ((width + multiple_of - 1) // multiple_of)
 
 
-def _check_arch(hidden: int, heads: int, kv_heads, mlp: str, intermediate, attention=None):
-    """Validate the architecture options; returns (kv_heads, intermediate) with defaults filled."""
+def arch_options(hidden: int, heads: int, kv_heads, mlp: str, intermediate, attention=None):
+    """Check the architecture options; returns (kv_heads, intermediate) with defaults filled in."""
     _check_int("hidden", hidden, 1)
     _check_int("heads", heads, 1)
     if hidden % heads:
@@ -207,7 +207,9 @@ def transformer_layer_terms(seq: int, batch: int, hidden: int, heads: int,
     * ``kv_heads`` (grouped-query attention, Ainslie et al. 2023): K and V get kv_heads heads.
       With ``attention="eager"`` they are repeated to all heads before the matmuls (Llama's
       ``repeat_kv``) and the repeated copies are what is saved, so GQA saves no activations
-      there; a fused kernel takes the kv heads as they are and K, V shrink by kv_heads/heads.
+      there; a fused kernel takes the kv heads as they are and K, V shrink by kv_heads/heads
+      (PyTorch: ``scaled_dot_product_attention(..., enable_gqa=True)``; both cases are
+      measured on a tiny Llama in tests/test_capacity.py).
     * ``attention="sdpa"`` (a fused kernel: FlashAttention, Dao et al. 2022, or PyTorch's
       ``scaled_dot_product_attention``): the s x s scores are never stored, so the a s^2 b
       terms go. The kernel keeps Q, K, V, its output O and one fp32 logsumexp per row (4 a s b
@@ -227,7 +229,7 @@ def transformer_layer_terms(seq: int, batch: int, hidden: int, heads: int,
     """
     for name, v in (("seq", seq), ("batch", batch)):
         _check_int(name, v, 1)
-    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate, attention)
+    kv, inter = arch_options(hidden, heads, kv_heads, mlp, intermediate, attention)
     d, m = act_bytes, mask_bytes
     sbh, as2b = seq * batch * hidden, heads * seq * seq * batch
     skv = seq * batch * kv * (hidden // heads)
@@ -276,7 +278,7 @@ def transformer_layer_weights(hidden: int, heads: int, kv_heads: int | None = No
     Each costs 2 FLOPs per token forward: a GPT layer's 12h^2 weights give Narayanan et al.'s
     24 b s h^2. GQA shrinks K and V to h x (kv_heads d_head); SwiGLU has three h x I matrices.
     """
-    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate)
+    kv, inter = arch_options(hidden, heads, kv_heads, mlp, intermediate)
     kv_dim = kv * (hidden // heads)
     return 2 * hidden * hidden + 2 * hidden * kv_dim + (2 if mlp == "gelu" else 3) * hidden * inter
 
@@ -296,7 +298,7 @@ def transformer_params(layers: int, hidden: int, heads: int, vocab: int, seq: in
     _check_int("seq", seq)
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
-    kv, inter = _check_arch(hidden, heads, kv_heads, mlp, intermediate)
+    kv, inter = arch_options(hidden, heads, kv_heads, mlp, intermediate)
     weights = transformer_layer_weights(hidden, heads, kv, mlp, inter)
     if style == "gpt":
         biases = 2 * hidden + 2 * kv * (hidden // heads) + (inter if mlp == "gelu" else 2 * inter) \
@@ -466,8 +468,9 @@ def transformer_flops(layers: int, hidden: int, seq: int, batch: int, vocab: int
     Per layer forward: 24 b s h^2 (QKV, output projection, 4h MLP) + 4 b s^2 h (QK^T and
     softmax x V); logits 2 b s h V. Backward is twice the forward. `recompute="full"` adds one
     forward of `recomputed_layers` layers (default all of them); `"selective"` adds only the
-    attention core, 4 b s^2 h per layer. Without recompute and for all layers this is
-    72 b s L h^2 (1 + s / 6h + V / 12 h L), the paper's formula.
+    attention core, 4 b s^2 h per layer. With full recompute of all layers this is the paper's
+    96 b s L h^2 (1 + s / 6h + V / 16 L h); without recompute it is 72 b s L h^2
+    (1 + s / 6h + V / 12 h L), derived from it (the paper prints only the 96 form).
     """
     for name, v in (("layers", layers), ("hidden", hidden), ("seq", seq), ("batch", batch),
                     ("vocab", vocab)):

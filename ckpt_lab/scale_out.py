@@ -174,11 +174,12 @@ def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
 
 # ------------------------------------------------------------------------------------ FSDP
 class _Probe(TorchDispatchMode):
-    """After every op: tracked bytes plus the bytes of FSDP's unsharded parameters.
+    """After every op: the live bytes `track_memory` counts, and how many of them are FSDP's
+    unsharded (all-gathered) parameters.
 
-    FSDP2 allocates each unit's unsharded (all-gathered) parameters once and afterwards frees
-    and re-allocates them by resizing the same storages in place, which `track_memory` (it
-    registers storages when an op creates them) does not see; this probe adds them back.
+    FSDP2 allocates each unit's unsharded parameters once and afterwards frees and
+    re-allocates them by resizing the same storages in place (`untyped_storage().resize_`);
+    `track_memory` follows those resizes, and this probe reads the storages' current sizes.
     """
 
     def __init__(self, log, fsdp_params):
@@ -194,10 +195,10 @@ class _Probe(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         gathered = self.gathered_bytes()
         self.gathered_peak_bytes = max(self.gathered_peak_bytes, gathered)
-        total = self.log.current_bytes + gathered
-        if total > self.peak_bytes:
-            self.peak_bytes = total
-            self.at_peak = {"tracked": self.log.current_bytes, "gathered": gathered,
+        live = self.log.current_bytes
+        if live > self.peak_bytes:
+            self.peak_bytes = live
+            self.at_peak = {"gathered": gathered, "other": live - gathered,
                             "op": func.__name__, "phase": current_phase()}
         return out
 
@@ -284,7 +285,7 @@ def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers") -> 
             "loss": mean.item() / dist.get_world_size(), "param_bytes": _local_bytes(params),
             "grad_bytes": _local_bytes(p.grad for p in params),
             "optimizer_bytes": _optimizer_bytes(opt),
-            "tracked_peak_bytes": mem.peak_bytes, "peak_bytes": probe.peak_bytes,
+            "peak_bytes": mem.peak_bytes, "probe_peak_bytes": probe.peak_bytes,
             "at_peak": probe.at_peak, "gathered_peak_bytes": probe.gathered_peak_bytes,
             "unit_bytes": unit_bytes, "rss_bytes": peak_rss_bytes(),
             "all_gathers": sum(p.op.startswith("_allgather_base") for p in mem.timeline)}

@@ -109,6 +109,8 @@ def test_fsdp_per_rank_peak_matches_the_formula(fsdp):
             run = rank[how, "layers"]
             largest = max(run["unit_bytes"])
             assert run["gathered_peak_bytes"] == largest        # one unit unsharded at a time
+            assert run["probe_peak_bytes"] == run["peak_bytes"]  # the probe saw the peak
+            assert sum(run["at_peak"][k] for k in ("gathered", "other")) == run["peak_bytes"]
             state = pf.fsdp_state_bytes(numels, WORLD)
             predicted = pf.per_rank_peak_bytes(state, _act_peak(policy, BATCH // WORLD),
                                                pf.fsdp_unit_extra_bytes(largest))
