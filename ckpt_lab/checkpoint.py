@@ -358,13 +358,16 @@ def _fresh(t):
 
 
 # ================================================================ 3. the two designs, full
+_TENSOR = object()   # marks an argument slot that the saved tensors fill
+
+
 class _Reentrant(torch.autograd.Function):
     """``MinimalReentrant`` plus the checks: any positional arguments, RNG, versions, metadata."""
 
     @staticmethod
     def forward(ctx, fn, replay, versions, *args):
         ctx.fn, ctx.replay, ctx.versions = fn, replay, versions
-        ctx.slots = [None if isinstance(a, torch.Tensor) else a for a in args]
+        ctx.slots = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
         ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
         with torch.no_grad():
             out = fn(*args)
@@ -380,7 +383,7 @@ class _Reentrant(torch.autograd.Function):
                 "torch.autograd.grad or backward(inputs=...) use impl='hooks'.")
         ctx.versions.check()
         saved = iter(ctx.saved_tensors)
-        args = [_fresh(next(saved)) if s is None else s for s in ctx.slots]
+        args = [_fresh(next(saved)) if s is _TENSOR else s for s in ctx.slots]
         with ctx.replay.restored(), torch.enable_grad(), phase("recompute"):
             out = ctx.fn(*args)
         outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
@@ -461,7 +464,7 @@ class _Frame:
         self.fn, self.replay, self.versions, self.early_stop = fn, replay, versions, early_stop
         self.num_args, self.keys = len(args), list(kwargs)
         values = list(args) + list(kwargs.values())
-        self.slots = [None if isinstance(v, torch.Tensor) else v for v in values]
+        self.slots = [_TENSOR if isinstance(v, torch.Tensor) else v for v in values]
         dummy = torch.empty(0, requires_grad=True)
         # Keep the (empty) output: it owns the autograd node, and some PyTorch versions (2.11)
         # free a custom Function's saved tensors once its node has no owner left.
@@ -495,7 +498,7 @@ class _Frame:
 
     def inputs(self):
         saved = iter(self.saver.saved_tensors)
-        values = [_fresh(next(saved)) if s is None else s for s in self.slots]
+        values = [_fresh(next(saved)) if s is _TENSOR else s for s in self.slots]
         n = self.num_args
         return values[:n], dict(zip(self.keys, values[n:]))
 

@@ -99,8 +99,14 @@ def enable_checkpointing(model, use_reentrant: bool = False, every_n_layers: int
     kwargs = {"use_reentrant": use_reentrant}
     if every_n_layers != 1:
         if "every_n_layers" not in inspect.signature(method).parameters:
-            raise ValueError(f"this transformers version's {name} has no every_n_layers; "
-                             "checkpoint every layer or use checkpoint_modules with a predicate")
+            # older transformers: turn every layer on, then switch the others off by hand
+            enable_checkpointing(model, use_reentrant)
+            for i, layer in enumerate(blocks(model)):
+                if not hasattr(layer, "gradient_checkpointing"):
+                    raise ValueError(f"{type(layer).__name__} has no gradient_checkpointing "
+                                     "flag; use checkpoint_modules with a predicate")
+                layer.gradient_checkpointing = i % every_n_layers == 0
+            return name
         if name == "activation_checkpointing_enable":
             method(activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers)
         else:

@@ -11,8 +11,9 @@ matches a ``forward`` that runs the original one under ckpt_lab's `checkpoint`.
   and forward hooks once each, outside the checkpoint; parameters, buffers and
   ``state_dict`` keys are untouched. ``remove()`` deletes the attribute (or puts back one that
   was there), which restores the model exactly.
-* Tensor keyword arguments are passed to `checkpoint` positionally, so they get gradients under
-  either implementation; other keyword arguments are bound as they are.
+* Tensor arguments, keyword ones included, are passed to `checkpoint` positionally, so they get
+  gradients under either implementation; everything else (``None``, flags, cache objects) is
+  bound as it is.
 * Whatever the block returns (a tensor, a tuple with ``None`` in it) comes back unchanged.
 * A block called with ``use_cache=True`` or a key/value cache is refused while grad is on:
   the recompute would write the cache twice and the cache would pin what checkpointing frees.
@@ -93,11 +94,10 @@ def matched_modules(model: nn.Module, select) -> list[tuple[str, nn.Module]]:
         raise ValueError(f"select matched no submodule of {type(model).__name__}; its module "
                          f"classes are {', '.join(kinds)}. Pass one of them (the repeated "
                          "block) or a predicate on the names in model.named_modules().")
-    names = [n for n, _ in found]
-    for outer in names:
-        for inner in names:
-            if inner != outer and (outer == "" or inner.startswith(outer + ".")):
-                raise ValueError(
+    names = sorted(n for n, _ in found)   # a descendant sorts right after its ancestor
+    for outer, inner in zip(names, names[1:]):
+        if outer == "" or inner.startswith(outer + "."):
+            raise ValueError(
                     f"select matched {outer or '<the model itself>'!r} and {inner!r} inside it; "
                     "checkpointing both would recompute the inner module twice in backward. "
                     "Make select match one level only (e.g. the block class, not its parts).")
@@ -121,14 +121,19 @@ def _checkpointed_forward(original, impl, preserve_rng_state, policy):
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
         _refuse_cache(kwargs)
-        keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-        rest = {k: v for k, v in kwargs.items() if k not in keys}
-        n = len(args)
+        # Tensors travel to `checkpoint` positionally (so they get gradients under either
+        # design); everything else (None, flags, cache objects) is bound here as it is.
+        values = list(args) + list(kwargs.values())
+        at = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+        n, keys = len(args), list(kwargs)
 
-        def run(*flat):
-            return original(*flat[:n], **rest, **dict(zip(keys, flat[n:])))
+        def run(*tensors):
+            filled = list(values)
+            for i, t in zip(at, tensors):
+                filled[i] = t
+            return original(*filled[:n], **dict(zip(keys, filled[n:])))
 
-        return checkpoint(run, *args, *(kwargs[k] for k in keys), impl=impl,
+        return checkpoint(run, *(values[i] for i in at), impl=impl,
                           preserve_rng_state=preserve_rng_state, policy=policy)
 
     setattr(forward, _MARK, original)

@@ -2,9 +2,18 @@
 
 A plan is a list of segment starts beginning with 0, applied by
 `checkpoint_sequential(layers, x, boundaries=plan.boundaries)`. Every segment but the last is
-checkpointed: it keeps only its input and runs its forward once more in backward. Memory is
-modelled as in `formulas.segmented_peak_bytes`: max over segments j of (kept inputs of the
-segments before j + everything segment j saves).
+checkpointed: it keeps only its input and runs its forward once more in backward. Two
+memory models, chosen by what a function is given:
+
+* a profile from `profile_layers(layers, x)`: the step model (`step_peak_bytes`), the peak
+  `track_memory` measures for one training step with the plan, built from measurements of
+  each layer alone; `plan_chain(layers, x, budget_bytes)` profiles and plans in one call;
+* plain lists act_bytes, out_bytes, fwd_cost: the activation model of lesson 3
+  (`formulas.segmented_peak_bytes`), saved activations and kept inputs only.
+
+Both have the same shape: a plan's peak is the max over segments j of (kept inputs of the
+segments before j + a term of segment j alone), and the last segment's (all kept inputs +
+its own term).
 
 Why a plain dynamic programme over cost is not enough, and what is exact instead:
 
@@ -19,6 +28,10 @@ Why a plain dynamic programme over cost is not enough, and what is exact instead
   The i that reach k form a window (acts are >= 0), so a heap gives it in O(n log n).
 * t is feasible when best[t] + act[t:n] <= budget. Among plans of least cost we return the
   one of least peak, found by bisecting on the budget (peaks are integers).
+* In the step model a segment's term is not monotone in its end (a longer segment may receive
+  a smaller gradient, or stop its recompute earlier), so there is no window: every term
+  seg[i, k] is tabulated once with numpy, and each position takes the minimum over all i,
+  O(n^2) per budget in vectorised steps (1,000 layers plan in well under a second).
 """
 from __future__ import annotations
 
@@ -344,28 +357,58 @@ class _Step(_Searches):
         # the loss and the seed gradient `backward()` makes for it (fp32 scalars) stay alive all
         # through backward; the last layer's measurements already include them
         self.head = HEAD_BYTES
-        # the input a layer keeps alive after its forward, when it alone saves it
-        self.ex = [0] + [self.out[k - 1] if self.saves_in[k] and not self.saves_out[k - 1] else 0
-                         for k in range(1, n)]
+        # a layer that returns a view of its input (nn.Flatten) makes no storage: root[i] is the
+        # layer that made the storage of layer i's input (-1: x, allocated before the step)
+        self.view = [bool(getattr(p, "output_is_view", False)) for p in profile]
+        self.root = []
+        for i in range(n):
+            r = i - 1
+            while r >= 0 and self.view[r]:
+                r -= 1
+            self.root.append(r)
+        self.inb = [self.out[i - 1] if self.root[i] >= 0 else 0 for i in range(n)]
+        # whether layer i's input is saved by a layer before it (its maker, or a layer between
+        # that saved a view of it): then it is counted there, not as layer i's
+        self.prev_saved = [self.root[i] >= 0 and self._saved_before(0, i) for i in range(n)]
+        self.ex = [self._ex(0, k) for k in range(n)]
+
+    def _saved_before(self, a: int, i: int) -> bool:
+        r = self.root[i]
+        if r < 0 or r < a:
+            return r < a and i > a   # the segment's own input: kept by its checkpoint
+        return self.saves_out[r] or any(self.saves_in[j] and self.root[j] == r
+                                        for j in range(max(r + 1, a), i))
+
+    def _ex(self, a: int, k: int) -> int:
+        """Layer k's input, kept alive after its forward when no earlier layer of a segment
+        starting at a counts it (only for k > a: a segment's own input is counted apart)."""
+        if k <= a or not self.saves_in[k] or self._covered(a, k):
+            return 0
+        return self.inb[k]
+
+    def _covered(self, a: int, i: int) -> bool:
+        """In a segment starting at a, is layer i's input counted already (i > a)?"""
+        return self._saved_before(a, i) if self.root[i] >= a else True
 
     def kept(self, a: int) -> int:
         """Bytes a checkpointed segment starting at layer a keeps: its input (x is not counted)."""
-        return self.out[a - 1] if a > 0 else 0
+        return self.inb[a]
 
-    def _input_alive(self, i: int) -> int:
-        """Layer i's input while its forward runs, unless the layer before saved it."""
-        return 0 if self.saves_out[i - 1] else self.out[i - 1]
+    def _input_alive(self, a: int, i: int) -> int:
+        """Layer i's input while its forward runs, unless already counted (i > a)."""
+        return 0 if self._covered(a, i) else self.inb[i]
 
     def _backward(self, a: int, i: int, again: bool = False) -> int:
         """Layer i's backward peak in a segment starting at a: is its input held elsewhere?
         `again`: after a recompute."""
         bwd, held = (self.bwd_r, self.held_r) if again else (self.bwd, self.held)
-        return bwd[i] if i == a or self.saves_out[i - 1] else held[i]
+        return bwd[i] if i == a or self._covered(a, i) else held[i]
 
     def segment_peak(self, a: int, b: int) -> int:
         """Peak of checkpointed segment [a, b), its kept input included, earlier ones not."""
         x = self.kept(a)
-        terms = [x + (self.out[i - 1] if i > a else 0) + self.free[i] for i in range(a, b)]
+        terms = [x + (self.inb[i] if i > a and self.root[i] >= a else 0) + self.free[i]
+                 for i in range(a, b)]
         saving = [i for i in range(a, b) if self.saves[i]]
         last = saving[-1] if saving else a - 1
         # layers after the last that saves anything run backward before any recompute
@@ -377,10 +420,10 @@ class _Step(_Searches):
             for i in range(a, last + 1):
                 peak = self.rec[i] if i == last else self.fwd_r[i]
                 terms.append(x_back + self.gin[last] + kept
-                             + (self._input_alive(i) if i > a else 0) + peak)
-                kept += self.own_r[i] + (self.ex[i] if i > a else 0)
+                             + (self._input_alive(a, i) if i > a else 0) + peak)
+                kept += self.own_r[i] + self._ex(a, i)
             for i in range(last, a - 1, -1):
-                kept -= self.own_r[i] + (self.ex[i] if i > a else 0)
+                kept -= self.own_r[i] + self._ex(a, i)
                 terms.append(x_back + kept + self._backward(a, i, True))
         return max(terms)
 
@@ -390,19 +433,24 @@ class _Step(_Searches):
         Its input is held by `checkpoint_sequential` all through its forward and afterwards only
         if layer t saves it; the head `.float().sum()` is part of the last layer's measurements.
         """
-        x = self.out[t - 1] if t > 0 else 0
+        x = self.inb[t]
         terms, kept = [], 0
         for i in range(t, self.n):
-            terms.append(x + kept + (self._input_alive(i) if i > t else 0) + self.fwd[i])
-            kept += self.own[i] + (self.ex[i] if i > t else 0)
-        kept += x if self.saves_in[t] else 0
+            terms.append(x + kept + (self._input_alive(t, i) if i > t else 0) + self.fwd[i])
+            kept += self.own[i] + self._ex(t, i)
+        # the input stays after the forward if a layer saves it (or a view of it): until the
+        # first of those runs backward, whose measurement holds it
+        savers = [j for j in range(t, self.n) if self.saves_in[j] and (j == t or self.root[j] < t)]
+        first = savers[0] if savers else self.n
         for i in range(self.n - 1, t - 1, -1):
-            kept -= self.own[i] + (self.ex[i] if i > t else 0)
+            kept -= self.own[i] + self._ex(t, i)
             head = self.head if i < self.n - 1 else 0
-            if i > t:
-                terms.append(head + kept + self._backward(t, i))
-            else:
+            if i == t:
                 terms.append(head + (self.held[t] if t > 0 else self.bwd[0]))
+            elif i == first:
+                terms.append(head + kept + self.held[i])
+            else:
+                terms.append(head + kept + (x if i > first else 0) + self._backward(t, i))
         return max(terms)
 
     # The planner's view: the same pieces for every segment at once (numpy, checked against
@@ -419,8 +467,10 @@ class _Step(_Searches):
         own_r, fwd_r, bwd_r, held_r = (np.array(v, dtype=i64) for v in
                                        (self.own_r, self.fwd_r, self.bwd_r, self.held_r))
         saves = np.array(self.saves)
-        prev = np.concatenate([[0], out[:-1]])                       # layer i's input
-        prev_saved = np.concatenate([[False], np.array(self.saves_out[:-1], dtype=bool)])
+        saves_in = np.array(self.saves_in, dtype=bool)
+        root = np.array(self.root)
+        prev = np.array(self.inb, dtype=i64)                          # layer i's input
+        prev_saved = np.array(self.prev_saved, dtype=bool)
         q = np.concatenate([[0], np.cumsum(own + ex)])
         alive = np.where(prev_saved, 0, prev)                         # input alive in forward
         bwdv = np.where(prev_saved, bwd, held)
@@ -429,13 +479,23 @@ class _Step(_Searches):
         seg = np.full((n, n), np.inf)
         for a in range(n - 1):
             ks = np.arange(a, n - 1)
-            s_ = q_r[ks] - q_r[a] - ex[a]
+            if self.view[a]:
+                # the start is a view: layers viewing the same storage have it counted already
+                cov = (root[ks] < a) | prev_saved[ks]
+                ex_a = np.where(saves_in[ks] & ~cov, prev[ks], 0)
+                ex_a[0] = 0
+                s_ = np.concatenate([[0], np.cumsum(own_r[ks] + ex_a)[:-1]])
+                f = np.where(root[ks] >= a, prev[ks], 0) + free[ks]
+                bv = np.where(cov, bwd_r[ks], held_r[ks])
+                rin = np.where(cov, 0, prev[ks])
+            else:
+                s_ = q_r[ks] - q_r[a] - ex[a]
+                f = prev[ks] + free[ks]
+                bv = bwdv_r[ks].copy()
+                rin = alive[ks].copy()
             s_[0] = 0
-            f = prev[ks] + free[ks]
             f[0] = free[a]
-            bv = bwdv_r[ks].copy()
             bv[0] = bwd_r[a]
-            rin = alive[ks].copy()
             rin[0] = 0
             sv = saves[ks]
             rel = np.arange(len(ks))
@@ -465,6 +525,8 @@ class _Step(_Searches):
         self.seg_t = np.ascontiguousarray(seg.T)       # row b: every start a of a segment [a, b)
         self.seg = seg
         self.last = np.maximum(fl, bl)
+        for t in np.nonzero(np.array(self.view))[0]:
+            self.last[t] = self.last_peak(int(t))
         self.keep = prev.astype(np.float64)
 
     def plan_at(self, budget: int):
@@ -525,6 +587,11 @@ def step_peak_bytes(boundaries, profile) -> int:
     are alive together: while segment j is recomputed and run backward, the inputs kept by
     segments 0..j, the gradient arriving at segment j, the activations its layers saved and
     not yet used, and the working memory of the layer running.
+
+    A layer that returns a view of its input (`nn.Flatten` as a layer of its own) makes no
+    storage; its output is counted with the tensor it views. One case stays inexact: a segment
+    made of such layers alone keeps the same tensor as the segment before, counted twice (high,
+    never low; the planner never picks such a segment, it is never cheaper).
     """
     step = _Step(profile)
     return step.peak(segment_starts(step.n, boundaries=list(boundaries)))

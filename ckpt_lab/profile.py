@@ -11,8 +11,11 @@ with `track_memory`, in exactly the situations the step puts it in:
   which stops right after the last tensor it must save), and its forward under a checkpoint,
   which saves nothing;
 * its backward, with the gradient arriving at its output as the layer after it sends it (the
-  loss's own gradient for the last layer), once with its input held elsewhere (kept by a
-  checkpoint, or saved by the layer before) and once held only by what it saved itself.
+  loss's own gradient for the last layer), its input held elsewhere (kept by a checkpoint, or
+  saved by the layer before) or, read off the same run by when autograd releases its saved
+  aliases of it, held only by what the layer saved itself;
+* once more as a recompute, in case the layer behaves differently then (checked by comparing
+  the operations its forward runs).
 
 `planner.step_peak_bytes` puts the pieces together for any segmentation. Nothing of the
 model changes: parameter gradients (`.grad`), BatchNorm running statistics and the random
@@ -21,6 +24,7 @@ number generators are restored afterwards.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +62,7 @@ class LayerProfile:
     recompute_peak_bytes: int | None = None     # peak up to its last save, where a recompute stops
     recompute_backward_peak_bytes: int | None = None
     recompute_held_backward_peak_bytes: int | None = None
+    output_is_view: bool | None = None  # returns a view of its input (nn.Flatten): no new storage
 
 
 class _Sink(torch.autograd.Function):
@@ -93,49 +98,59 @@ def _layer_input(x, requires_grad, box):
     return _Sink.apply(x, box) if requires_grad else x.clone()
 
 
-def _alone(layer, x, requires_grad, incoming, head, held):
+def _alone(layer, x, requires_grad, incoming, head, backward=True):
     """Forward + backward of one layer alone, as the step runs it; returns the measurements."""
-    box, packs = [], []
+    box, packs, aliases, freed = [], [], [], []
     leaf = x.detach().requires_grad_(requires_grad)
-    outside = None if held else _layer_input(leaf, requires_grad, box)
+    xin = _layer_input(leaf, requires_grad, box)   # allocated before: held elsewhere
+    in_ptr = None
     with track_memory() as log:
         def pack(t):
-            packs.append((t.untyped_storage().data_ptr(), len(log.timeline)))
-            return t.detach()
+            ptr = t.untyped_storage().data_ptr()
+            packs.append((ptr, len(log.timeline)))
+            alias = t.detach()
+            if ptr == in_ptr:   # when autograd lets go of it, an input held by nothing else goes
+                aliases.append(weakref.ref(alias, lambda _: freed.append(len(log.timeline))))
+            return alias
 
-        xin = outside if outside is not None else _layer_input(leaf, requires_grad, box)
         in_ptr = xin.untyped_storage().data_ptr()
+        in_bytes = xin.untyped_storage().nbytes()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = layer(xin)
-            end = _Tap.apply(y, incoming) if incoming is not None and not head else None
+            end = None if head else _Tap.apply(y, incoming)   # keeps the graph alive
             loss = y.float().sum() if head else None
         forward_peak = log.peak_bytes
         fwd_ops = len(log.timeline)
         out_bytes = y.untyped_storage().nbytes()
         out_ptr = y.untyped_storage().data_ptr()
-        del xin
         with_y = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
         del y
         # the loss of the last layer is alive in backward, but no layer saved it
         own = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
         start = len(log.timeline)
-        if head and loss.requires_grad:
+        trace = [(p.op, p.live_bytes) for p in log.timeline]
+        if not backward:
+            pass
+        elif head and loss.requires_grad:
             loss.backward()
-        elif end is not None and end.requires_grad:
+        elif end is not None and end.requires_grad and incoming is not None:
             end.backward(end)
         backward_peak = max([own] + [p.live_bytes for p in log.timeline[start:]])
+        # the same backward with the input held only by what the layer saved: it counts until
+        # the last saved alias of it is released
+        gone = max(freed) if aliases and len(freed) == len(aliases) else float("inf")
+        held_peak = max([own + in_bytes] + [p.live_bytes + (in_bytes if k < gone else 0)
+                                            for k, p in enumerate(log.timeline) if k >= start])
     del loss, end
     last = packs[-1][1] if packs else 0
     return dict(
         own=own, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
             p == out_ptr for p, _ in packs),
         saves_input=any(p == in_ptr for p, _ in packs), saves_any=bool(packs),
-        forward_peak=forward_peak, backward_peak=backward_peak, fwd_ops=fwd_ops,
+        view=out_ptr == in_ptr, forward_peak=forward_peak, backward_peak=backward_peak, fwd_ops=fwd_ops,
+        held_peak=held_peak if any(p == in_ptr for p, _ in packs) else backward_peak,
         recompute_peak=max([0] + [p.live_bytes for p in log.timeline[:last]]),
-        grad=box[0] if box else None)
-
-
-_COMPARED = ("own", "forward_peak", "recompute_peak", "backward_peak")
+        grad=box[0] if box else None, trace=trace)
 
 
 def _free_forward_peak(layer, x) -> int:
@@ -187,7 +202,8 @@ class _Untouched:
         return False
 
 
-def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfile]:
+def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
+                   step: bool = True) -> list[LayerProfile]:
     """Profile a chain layer by layer: the input of the planner, the formulas and the step model.
 
     `act_bytes[i]` counts the storages that layer i is first to save for backward (its own
@@ -196,7 +212,8 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfi
     of its output. Forward time is the median of `repeats` runs with grad enabled. The other
     fields (see `LayerProfile`) are measured with each layer run alone, and `x` is treated as
     the step treats it: allocated before, with its own `requires_grad`. Parameter `.grad`,
-    buffers and random number generators are left as they were.
+    buffers and random number generators are left as they were. `step=False` measures only
+    the activation model's fields (one forward per layer, about a third of the time).
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError("repeats must be an int >= 1")
@@ -211,7 +228,8 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfi
         for _, layer in named:
             inputs.append(h)
             needs.append(req)
-            free.append(_free_forward_peak(layer, h.detach().requires_grad_(req)))
+            if step:
+                free.append(_free_forward_peak(layer, h.detach().requires_grad_(req)))
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
@@ -223,40 +241,45 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3) -> list[LayerProfi
             h, req = y.detach(), bool(y.requires_grad)
             del y
         # backward, from the last layer: each layer gets the gradient the next one sent
-        held, alone, again, again_held, incoming = [None] * n, [None] * n, [None] * n, \
-            [None] * n, None
+        alone, again, incoming = [None] * n, [None] * n, None
         for i in reversed(range(n)):
             _, layer = named[i]
             head = i == n - 1
             xi = inputs[i].detach()
-            alone[i] = _alone(layer, xi, needs[i], incoming, head, held=False)
-            held[i] = _alone(layer, xi, needs[i], incoming, head, held=True)
+            args = (layer, xi, needs[i], incoming, head)
+            if not step:
+                alone[i] = _alone(*args, backward=False)
+                continue
+            alone[i] = _alone(*args)
             with phase("recompute"):
-                again[i] = _alone(layer, xi, needs[i], incoming, head, held=False)
-                same = all(again[i][k] == alone[i][k] for k in _COMPARED)
-                again_held[i] = held[i] if same else _alone(layer, xi, needs[i], incoming,
-                                                            head, held=True)
+                # a forward that runs the same operations to the same sizes saves the same
+                first = _alone(*args, backward=False)
+                again[i] = alone[i] if first["trace"] == alone[i]["trace"] \
+                    else _alone(*args)
             alone[i]["grad_in"] = 0 if incoming is None and not head else (
                 4 if head else incoming.untyped_storage().nbytes())
             incoming = alone[i]["grad"]
-            held[i]["grad"] = alone[i]["grad"] = again[i]["grad"] = again_held[i]["grad"] = None
+            alone[i]["grad"] = again[i]["grad"] = None
     out = []
     for i, (name, _) in enumerate(named):
-        a, b = alone[i], held[i]
+        a = alone[i]
         first_saves_input = a["saves_input"] and i > 0 and not alone[i - 1]["saves_output"]
         extra = alone[i - 1]["out"] if first_saves_input else 0
+        if not step:
+            out.append(LayerProfile(name, a["own"] + extra, a["out"], seconds[i]))
+            continue
         out.append(LayerProfile(
             name=name, act_bytes=a["own"] + extra, out_bytes=a["out"],
             forward_seconds=seconds[i], work_bytes=a["backward_peak"] - a["own"], own_bytes=a["own"],
-            saves_input=a["saves_input"], saves_output=a["saves_output"],
+            saves_input=a["saves_input"], saves_output=a["saves_output"], output_is_view=a["view"],
             saves_any=a["saves_any"], forward_peak_bytes=a["forward_peak"],
             free_forward_peak_bytes=free[i], backward_peak_bytes=a["backward_peak"],
-            held_backward_peak_bytes=b["backward_peak"], grad_in_bytes=a["grad_in"],
+            held_backward_peak_bytes=a["held_peak"], grad_in_bytes=a["grad_in"],
             recompute_own_bytes=again[i]["own"],
             recompute_forward_peak_bytes=again[i]["forward_peak"],
             recompute_peak_bytes=again[i]["recompute_peak"],
             recompute_backward_peak_bytes=again[i]["backward_peak"],
-            recompute_held_backward_peak_bytes=again_held[i]["backward_peak"]))
+            recompute_held_backward_peak_bytes=again[i]["held_peak"]))
     return out
 
 

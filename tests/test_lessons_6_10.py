@@ -1,4 +1,4 @@
-"""Lessons 6 and 10: the peak bounds of a plan hold on a measured run, and their exercises
+"""Lessons 6 and 10: the step model predicts every measured plan, and their exercises
 accept answers worked out independently (brute force, PyTorch) and reject wrong ones."""
 import itertools
 

@@ -77,7 +77,7 @@ def test_gpt_blocks_free_memory_like_torch():
         peaks[name] = mem.peak_bytes
         handle and handle.remove()
         undo and undo()
-    assert peaks["ours"] == peaks["torch"] < peaks["plain"]
+    assert peaks["ours"] <= 1.01 * peaks["torch"] and peaks["torch"] < peaks["plain"] / 2
 
 
 def encoder(dropout=0.1):
@@ -159,6 +159,38 @@ def test_keyword_tensors_get_gradients_and_tuples_come_back(impl):
         assert h.names == ["blocks.0", "blocks.1", "blocks.2"]
         ours = grads(model, run)
     assert same(plain, ours) and same(oracle, ours)
+
+
+class PositionalBlock(nn.Module):
+    """Called the way GPT-2's model calls its blocks: positional None and flags among tensors."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x, past=None, mask=None, flag=False):
+        y = torch.tanh(self.fc(x))
+        return (x + (y if mask is None else y * mask),) if not flag else (x + y, past)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_positional_none_and_flags_among_tensors(impl):
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(PositionalBlock() for _ in range(2))
+    mask = torch.ones(16)
+    x = torch.randn(4, 16, requires_grad=True)
+
+    def run():
+        h = x
+        for b in blocks:
+            h = b(h, None, mask, False)[0]
+        return h.pow(2).sum()
+
+    plain = grads(blocks, run) + [x.grad]
+    x.grad = None
+    with checkpoint_modules(blocks, PositionalBlock, impl=impl):
+        ours = grads(blocks, run) + [x.grad]
+    assert same(plain, ours)
 
 
 def test_forward_hooks_run_once_and_keep_their_effect():

@@ -42,7 +42,8 @@ def random_profile(rng, n):
             recompute_forward_peak_bytes=fwd + extra,
             recompute_peak_bytes=rng.randint(0, fwd + extra) if saves else 0,
             recompute_backward_peak_bytes=bwd + extra,
-            recompute_held_backward_peak_bytes=bwd + extra + rng.randint(0, 10)))
+            recompute_held_backward_peak_bytes=bwd + extra + rng.randint(0, 10),
+            output_is_view=rng.random() < 0.15))
     return out
 
 
@@ -243,3 +244,46 @@ def test_step_model_needs_a_measured_profile():
         planner.step_peak_bytes([0], hand)
     with pytest.raises(ValueError, match="input_bytes"):
         planner.optimal_segments(random_profile(random.Random(0), 3), 100, input_bytes=5)
+
+
+def test_profile_without_the_step_fields_agrees_on_the_activation_model():
+    layers, x = bottleneck_mlp()
+    full, light = profile_layers(layers, x, repeats=1), profile_layers(layers, x, repeats=1,
+                                                                        step=False)
+    assert [(p.act_bytes, p.out_bytes) for p in full] == [(p.act_bytes, p.out_bytes) for p in light]
+    assert light[0].work_bytes is None
+    with pytest.raises(ValueError, match="profile_layers"):
+        planner.optimal_segments(light, 10**9)
+
+
+def test_a_layer_that_returns_a_view_of_its_input(one_thread):
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()),
+              nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()),
+              nn.Flatten(), nn.Linear(8 * 64, 32), nn.ReLU(), nn.Linear(32, 10)]
+    x = torch.randn(4, 3, 8, 8)
+    prof = profile_layers(layers, x, repeats=1)
+    assert [p.output_is_view for p in prof] == [False, False, True, False, False, False]
+    flat = prof[2].out_bytes
+    for plan in all_plans(len(layers)):
+        predicted = planner.step_peak_bytes(plan, prof)
+        measured = widgets.measure_plan_peak(layers, x, plan)
+        if 2 in plan and 3 in plan:   # a segment of the view alone: its input kept twice
+            assert measured == predicted - flat, plan
+        else:
+            assert measured == predicted, plan
+    for plan in planner.pareto_front(prof):
+        assert widgets.measure_plan_peak(layers, x, plan.boundaries) == plan.peak_bytes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_step_model_on_cuda():
+    layers, x = gpt()
+    layers, x = [layer.cuda() for layer in layers], x.cuda()
+    prof = profile_layers(layers, x, repeats=1)
+    for plan in ([0], [0, 2], [0, 1, 3, 5]):
+        measured = widgets.measure_plan_peak(layers, x, plan)
+        assert abs(measured / planner.step_peak_bytes(plan, prof) - 1) <= 0.03, plan
+    least = planner.minimum_peak(prof)
+    plan = planner.optimal_segments(prof, least)
+    assert widgets.measure_plan_peak(layers, x, plan.boundaries) <= least
