@@ -161,8 +161,12 @@ def test_make_picks_the_cpu_torch_index_without_an_nvidia_gpu(tmp_path):
     fake.mkdir()
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100'\n")
     (fake / "nvidia-smi").chmod(0o755)
+    none = tmp_path / "nogpu"           # an nvidia-smi that finds no GPU, ahead of any real one
+    none.mkdir()
+    (none / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (none / "nvidia-smi").chmod(0o755)
     # the recipe asks the index only when it is not empty: `[ -n "INDEX" ] && ...`
-    assert f'[ -n "{cpu}" ]' in _make_dry_run(tmp_path)                # no nvidia-smi here
+    assert f'[ -n "{cpu}" ]' in _make_dry_run(tmp_path, [none])        # no GPU
     assert '[ -n "" ]' in _make_dry_run(tmp_path, [fake])              # a GPU: default index
     assert '[ -n "" ]' in _make_dry_run(tmp_path, TORCH_INDEX="")
     own = "https://download.pytorch.org/whl/cu128"
