@@ -14,6 +14,8 @@ from torch import nn
 import ckpt_lab.checkpoint as ck
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
 
+from custom_functions import ReadsTwice
+
 IMPLS = ["hooks", "reentrant"]
 
 
@@ -219,19 +221,6 @@ def test_device_whose_generator_is_not_replayed_is_refused(impl):
 
 
 # -------------------------------------------------------------- a saved tensor read twice
-class ReadsTwice(torch.autograd.Function):
-    """x * x whose backward reads ctx.saved_tensors twice."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (a,) = ctx.saved_tensors
-        (b,) = ctx.saved_tensors
-        return g * (a + b)
 
 
 def test_a_saved_tensor_read_twice_needs_no_third_forward():

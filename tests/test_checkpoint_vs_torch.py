@@ -14,6 +14,8 @@ from torch import nn
 import ckpt_lab
 from ckpt_lab import checkpoint
 
+from custom_functions import ReadsTwice
+
 
 def same(a, b):
     return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
@@ -79,16 +81,6 @@ def test_a_saved_input_without_grad_comes_back_as_the_same_object(impl):
     assert (KeepsMask.seen[-1] is mask) == (impl == "hooks")   # torch's reentrant detaches it
 
 
-class ReadsTwice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (a,), (b,) = ctx.saved_tensors, ctx.saved_tensors
-        return g * (a + b)
 
 
 def test_custom_function_reading_saved_tensors_twice():
