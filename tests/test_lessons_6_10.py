@@ -9,15 +9,9 @@ from torch import nn
 from ckpt_lab import exercises, memory, planner, profile_layers, widgets
 from ckpt_lab.checkpoint import checkpoint
 
+from chains import shrinking_convnet
 
-def _shrinking_convnet():
-    torch.manual_seed(0)
 
-    def conv(ci, co, stride=1):
-        return nn.Sequential(nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False),
-                             nn.BatchNorm2d(co), nn.ReLU())
-    return [conv(3, 4), conv(4, 4), conv(4, 8, 2), conv(8, 8), conv(8, 16, 2), conv(16, 16),
-            nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))]
 
 
 def _all_plans(n):
@@ -27,7 +21,7 @@ def _all_plans(n):
 
 
 def test_step_model_predicts_every_plan_and_the_activation_model_stays_below(one_thread):
-    layers, x = _shrinking_convnet(), torch.randn(4, 3, 16, 16)
+    layers, x = shrinking_convnet(), torch.randn(4, 3, 16, 16)
     prof = profile_layers(layers, x, repeats=1)
     act, out = [p.act_bytes for p in prof], [p.out_bytes for p in prof]
     gaps = []

@@ -17,6 +17,8 @@ from ckpt_lab import planner, profile_layers, widgets
 from ckpt_lab.models import Block, ConvBNReLU, Embed, GPTConfig, LMHead, MLPBlock, PoolHead, ResBlock
 from ckpt_lab.profile import LayerProfile
 
+import chains
+
 
 def all_plans(n):
     for k in range(n):
@@ -125,14 +127,7 @@ def gpt():
 
 
 def shrinking_convnet():
-    torch.manual_seed(0)
-
-    def conv(ci, co, stride=1):
-        return nn.Sequential(nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False),
-                             nn.BatchNorm2d(co), nn.ReLU())
-    return [conv(3, 4), conv(4, 4), conv(4, 8, 2), conv(8, 8), conv(8, 16, 2), conv(16, 16),
-            nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))], \
-        torch.randn(4, 3, 16, 16)
+    return chains.shrinking_convnet(), torch.randn(4, 3, 16, 16)
 
 
 def resnet():
