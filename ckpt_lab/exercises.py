@@ -197,16 +197,24 @@ def layers_needing_rng() -> set[str]:
     return out
 
 
-def _rng_layers(answer):
+def _name_set(answer, valid, what: str):
+    """(set of names, None) from a name or a collection of names, or (None, why not)."""
     if isinstance(answer, str):
         answer = {answer}
     try:
         given = {str(a) for a in answer}
     except TypeError:
-        return False, "Give a set of layer names, e.g. {'Linear', 'ReLU'}."
-    unknown = given - set(RNG_LAYERS)
+        return None, f"Give a set of {what}, e.g. {{'Linear', 'ReLU'}}."
+    unknown = given - set(valid)
     if unknown:
-        return False, f"Unknown names {sorted(unknown)}; choose from {sorted(RNG_LAYERS)}."
+        return None, f"Unknown names {sorted(unknown)}; choose from {sorted(valid)}."
+    return given, None
+
+
+def _rng_layers(answer):
+    given, why = _name_set(answer, RNG_LAYERS, "layer names")
+    if why:
+        return False, why
     expected = layers_needing_rng()
     if given == expected:
         return True, f"{sorted(given)}: only these draw random numbers in forward."
@@ -299,15 +307,9 @@ def checkpoint_saving_bytes() -> dict[str, int]:
 
 
 def _no_saving_modules(answer):
-    if isinstance(answer, str):
-        answer = {answer}
-    try:
-        given = {str(a) for a in answer}
-    except TypeError:
-        return False, "Give a set of names, e.g. {'Linear', 'ReLU'}."
-    unknown = given - set(CANDIDATE_MODULES)
-    if unknown:
-        return False, f"Unknown names {sorted(unknown)}; choose from {sorted(CANDIDATE_MODULES)}."
+    given, why = _name_set(answer, CANDIDATE_MODULES, "names")
+    if why:
+        return False, why
     saving = checkpoint_saving_bytes()
     expected = {n for n, b in saving.items() if b <= 0}
     if given == expected:
