@@ -14,7 +14,17 @@ Time is not FLOPs: a recompute also re-runs element-wise ops (softmax, masks, GE
 redraws dropout masks, which FlopCounterMode does not count and which on a CPU cost as much
 as small matmuls. So each row also gets ``op_seconds``, the summed time of every ATen op of
 one step (timed one by one), and ``extra_ops``, the ops that cost more than under "none":
-the recompute's real bill. What the step time adds beyond it is Python and dispatch work.
+the recompute's real bill.
+
+``rerun_ratio`` is what re-running costs by itself: the plain step plus the time the plain
+model spends in the forward of the modules the policy re-runs (the attention cores for
+"selective", the blocks for "every"), timed with module hooks in the same steps. What the
+checkpointed step costs beyond it, ``overhead_points`` (percentage points of the plain step),
+is the implementation's own Python and dispatch work; early stopping skips the last op of a
+re-run module, so an implementation can land a little under it. On a CPU the selective row's
+re-run ratio sits far above its FLOP ratio: softmax, the mask, the scale and above all
+dropout's Bernoulli draw cost time that FlopCounterMode does not count, so no implementation
+of Megatron's selective recomputation brings its time down to its FLOPs there.
 Run: python -m benchmarks.bench_train [--quick] [--one-thread]  (writes benchmarks/results/train.json)
 """
 from __future__ import annotations
@@ -34,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ckpt_lab import checkpoint, track_memory
+from ckpt_lab.course import forward_share
 from ckpt_lab.data import TextBatches, load_corpus
 from ckpt_lab.models import build_model, get_config
 from ckpt_lab.selective import save_matmuls
@@ -132,6 +143,23 @@ def _op_seconds(model, x, y, repeats: int = 5) -> dict[str, float]:
     return {op: statistics.median(r.get(op, 0.0) for r in runs) for op in runs[0]}
 
 
+def _recomputed(model: nn.Module, name: str) -> list[nn.Module] | None:
+    """The modules of a plain GPT whose forward policy `name` runs again (None: not a module)."""
+    if name.startswith("selective"):
+        return [block.attn.core for block in model.blocks()]
+    if name.startswith("every"):
+        return model.blocks()
+    return None
+
+
+def _rerun_share(model, x, y, modules, repeats: int) -> float:
+    """The share of a plain step spent in the forward of `modules` (`course.forward_share`)."""
+    def step():
+        model(x, y).backward()
+        model.zero_grad(set_to_none=True)
+    return forward_share(step, modules, repeats, device=x.device)
+
+
 def _setup(quick: bool, device: str):
     if device == "cuda":
         preset, batch = ("gpt-cpu", 8) if quick else ("gpt-gpu", 8)
@@ -195,6 +223,9 @@ def main(out_path: Path | None = None, quick: bool = False, threads: int | None 
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             rows[name]["times"].append(_fwd_bwd(models[name], x, y))
+    plain = models["none"]
+    shares = {kind: _rerun_share(plain, x, y, _recomputed(plain, kind), repeats)
+              for kind in ("selective", "every")}
     base = rows["none"]
     base_time = statistics.median(base["times"])
     for row in rows.values():
@@ -205,6 +236,11 @@ def main(out_path: Path | None = None, quick: bool = False, threads: int | None 
         row["time_ratio"] = row["median_seconds"] / base_time
         row["peak_ratio"] = row["peak_bytes"] / base["peak_bytes"]
         row["op_ratio"] = row["op_seconds"] / base["op_seconds"]
+    for name, row in rows.items():
+        kind = next((k for k in shares if name.startswith(k)), None)
+        row["rerun_ratio"] = None if kind is None else 1 + shares[kind]
+        row["overhead_points"] = (None if kind is None else
+                                  round(100 * (row["time_ratio"] - row["rerun_ratio"]), 1))
     for name, row in rows.items():
         extra = {op: ops[name].get(op, 0.0) - ops["none"].get(op, 0.0) for op in ops[name]}
         row["extra_ops"] = {op: round(sec / base["op_seconds"], 4) for op, sec in
@@ -218,15 +254,22 @@ def main(out_path: Path | None = None, quick: bool = False, threads: int | None 
                     "what the recompute costs, element-wise ops and dropout masks included",
         "extra_ops": "the 5 ops whose summed time grew most over 'none', as a fraction of "
                      "the 'none' step's op time",
+        "rerun_ratio": "1 + the share of a plain step spent in the forward of the modules the "
+                       "policy re-runs (cores for selective, blocks for every): what re-running "
+                       "them costs by itself, whatever the implementation",
+        "overhead_points": "100 * (time_ratio - rerun_ratio): the implementation's own cost "
+                           "(early stopping can make it negative)",
         "policies": rows,
     }
     out = Path(out_path) if out_path is not None else OUT
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     for name, row in rows.items():
+        rerun = (f"   re-run x{row['rerun_ratio']:.2f} ({row['overhead_points']:+.1f} pts)"
+                 if row["rerun_ratio"] else "")
         print(f"{name:25s} time {row['median_seconds'] * 1e3:8.1f} ms  x{row['time_ratio']:.2f}"
               f"   FLOPs x{row['flop_ratio']:.3f} ({row['extra_forwards']:.2f} extra forwards)"
-              f"   op time x{row['op_ratio']:.2f}"
+              f"   op time x{row['op_ratio']:.2f}{rerun}"
               f"   peak {row['peak_bytes'] / 2**20:7.2f} MiB  x{row['peak_ratio']:.2f}")
     print(f"wrote {out}")
     return result

@@ -9,7 +9,8 @@
   sizes on a GPU, without the learner editing anything.
 * `compare` prints a measurement next to its formula and fails loudly when they drift apart,
   so running the notebooks (nbval) tests the formulas against reality.
-* `measure_step` runs one forward + backward under `track_memory` and times it.
+* `measure_step` runs one forward + backward under `track_memory` and times it;
+  `forward_share` times the part of a step spent in given modules' forwards.
 """
 from __future__ import annotations
 
@@ -201,6 +202,40 @@ def measure_step(step, repeats: int = 3, device=None) -> StepMeasurement:
         _sync(device)
         times.append(time.perf_counter() - start)
     return StepMeasurement(log.peak_bytes, sorted(times)[len(times) // 2], log)
+
+
+def forward_share(step, modules, repeats: int = 3, device=None) -> float:
+    """Median fraction of ``step()``'s time spent in the forward of `modules`.
+
+    With `step` a plain (uncheckpointed) forward + backward and `modules` what a policy
+    re-runs, ``1 + share`` is the time ratio re-running them costs by itself, whatever
+    the checkpoint implementation: the floor under that policy's measured time ratio, apart
+    from what early stopping skips.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    starts, spent = [], []
+
+    def clock() -> float:
+        _sync(device)
+        return time.perf_counter()
+
+    handles = [h for m in modules for h in (
+        m.register_forward_pre_hook(lambda *_: starts.append(clock())),
+        m.register_forward_hook(lambda *_: spent.append(clock() - starts.pop())))]
+    if not handles:
+        raise ValueError("forward_share needs at least one module to time")
+    shares = []
+    try:
+        for _ in range(repeats):
+            spent.clear()
+            start = clock()
+            step()
+            shares.append(sum(spent) / (clock() - start))
+    finally:
+        for h in handles:
+            h.remove()
+    return sorted(shares)[len(shares) // 2]
 
 
 def kept_after_forward(module, *inputs) -> int:

@@ -168,3 +168,13 @@ def test_train_benchmark_runs_quick_and_meets_the_flop_expectation(tmp_path):
         < rows["none"]["peak_bytes"]
     assert rows["selective"]["peak_bytes"] < rows["none"]["peak_bytes"]
     assert all(r["median_seconds"] > 0 for r in rows.values())
+    # what re-running costs by itself: the cores sit inside the blocks, so they take less of
+    # the plain step; an op-level policy re-runs no whole module and gets no such figure
+    rerun = {name: r["rerun_ratio"] for name, r in rows.items()}
+    assert rerun["selective"] == rerun["selective (torch SAC)"]
+    assert rerun["every"] == rerun["every:2"]
+    assert 1.0 < rerun["selective"] < rerun["every"] < 2.0
+    assert rerun["none"] is rerun["save_matmuls"] is None
+    for name in ("every", "selective", "selective (torch SAC)"):
+        assert rows[name]["overhead_points"] == round(
+            100 * (rows[name]["time_ratio"] - rerun[name]), 1)
