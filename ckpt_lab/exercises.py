@@ -175,8 +175,10 @@ def _branch_saving(answer):
                   "needs it) and the block's output is alive either way.")
 
 
-RNG_LAYERS = {"Linear": lambda: nn.Linear(16, 16), "ReLU": nn.ReLU,
-              "Dropout": lambda: nn.Dropout(0.5), "BatchNorm1d": lambda: nn.BatchNorm1d(16)}
+RNG_LAYERS = {"Linear": lambda: nn.Linear(16, 16), "ReLU": nn.ReLU, "GELU": nn.GELU,
+              "LayerNorm": lambda: nn.LayerNorm(16), "BatchNorm1d": lambda: nn.BatchNorm1d(16),
+              "Dropout": lambda: nn.Dropout(0.5), "AlphaDropout": lambda: nn.AlphaDropout(0.5),
+              "RReLU": nn.RReLU}
 
 
 def layers_needing_rng() -> set[str]:
@@ -217,11 +219,13 @@ def _rng_layers(answer):
         return False, why
     expected = layers_needing_rng()
     if given == expected:
-        return True, f"{sorted(given)}: only these draw random numbers in forward."
+        return True, (f"{sorted(given)}: only these draw random numbers in forward (RReLU "
+                      "draws a slope for every negative input while training).")
     if given - expected:
         return False, (f"{sorted(given - expected)} compute the same thing every time they "
                        "run; a layer needs the RNG replayed only if it draws random numbers.")
-    return False, "Something that draws random numbers in forward is missing from your set."
+    return False, ("A layer that draws random numbers in forward is missing from your set; run "
+                   "the commented measurement for every layer before you check again.")
 
 
 # ------------------------------------------------------------------------------ lesson 3
@@ -417,8 +421,10 @@ EXERCISES = {e.key: e for e in [
     Exercise("02.branch_saving", "x of shape (4, 8, 16, 16) fp32, block x + relu(bn(conv(x))): "
              "how many bytes does checkpointing the whole branch save after the forward?",
              _branch_saving),
-    Exercise("02.rng_layers", "Which of Linear, ReLU, Dropout, BatchNorm1d need the RNG state "
-             "restored for the recompute? Give a set of names.", _rng_layers),
+    Exercise("02.rng_layers", "Predict, then measure: which of Linear, ReLU, GELU, LayerNorm, "
+             "BatchNorm1d, Dropout, AlphaDropout, RReLU give other gradients when the recompute "
+             "does not replay the random generator (preserve_rng_state=False)? Give a set of "
+             "names.", _rng_layers),
     Exercise("03.peak_at_six", "The chain of 16 MLP blocks with checkpoint_sequential(segments=6): "
              "predict its peak in units of one block's activations, counting the kept inputs "
              "and the last segment's layers (leave out the backward's a + w); the check "

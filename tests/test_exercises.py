@@ -46,7 +46,7 @@ RIGHT = {
     "01.block_activation_bytes": (8 * 64 * 512 * 4, 2 * 8 * 64 * 512 * 4),
     "01.adam_fp32_7b": (7e9 * 16 / 2 ** 30, 7e9 * 16 / 1e9 * 2),
     "02.my_checkpoint": (_torch_checkpoint, lambda fn, x: fn(x)),
-    "02.rng_layers": ({"Dropout"}, {"Dropout", "BatchNorm1d"}),
+    "02.rng_layers": ({"Dropout", "AlphaDropout", "RReLU"}, {"Dropout"}),   # section 5 shows only Dropout
     "03.peak_at_six": ((6 - 1) + (16 - 5 * (16 // 6)), 16 // 6),
     "03.peak_in_layers": (5 + 6, 6),
     "03.sqrt_growth": (_best_peak(64) / _best_peak(16), 2.0),   # 2 sqrt(L) is only the estimate
@@ -86,6 +86,7 @@ def test_unanswered_and_malformed_never_raise(capsys):
         assert "not answered yet" in capsys.readouterr().out
     assert exercises.check("03.peak_at_six", "eleven") is False
     assert exercises.check("02.rng_layers", {"Conv"}) is False
+    assert exercises.check("02.rng_layers", {"Dropout", "AlphaDropout", "RReLU", "BatchNorm1d"}) is False
     assert exercises.check("02.my_checkpoint", 3) is False
     assert "Conv" in capsys.readouterr().out
 
@@ -108,7 +109,7 @@ def test_unknown_key_and_lesson_filter():
 
 
 def test_rng_layers_measured():
-    assert exercises.layers_needing_rng() == {"Dropout"}
+    assert exercises.layers_needing_rng() == {"Dropout", "AlphaDropout", "RReLU"}
     assert math.isclose(_best_peak(16), 7)
 
 
