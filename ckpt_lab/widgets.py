@@ -310,15 +310,18 @@ class PlanResult:
 
 def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
     """Step peak of checkpoint_sequential(layers, x, boundaries=...): activations and the
-    gradients between layers (parameter gradients are allocated beforehand, as in lessons)."""
-    layers = list(layers)
-    for p in nn.ModuleList(layers).parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        else:
-            p.grad.zero_()
-    with track_memory() as log:
-        checkpoint_sequential(layers, x, boundaries=list(boundaries)).float().sum().backward()
+    gradients between layers (parameter gradients are allocated beforehand, as in lessons).
+
+    The model is left as it was: parameter gradients (and ``x.grad``), BatchNorm statistics
+    and the random generators are restored afterwards.
+    """
+    from .profile import _Untouched
+    layers, x_grad = list(layers), x.grad
+    try:
+        with _Untouched(layers, x.device), track_memory() as log:
+            checkpoint_sequential(layers, x, boundaries=list(boundaries)).float().sum().backward()
+    finally:
+        x.grad = x_grad
     return log.peak_bytes
 
 

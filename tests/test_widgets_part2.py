@@ -42,3 +42,20 @@ def test_measure_plan_peak_matches_a_direct_measurement():
     # the direct run allocates parameter gradients inside the block, so it is larger
     params = sum(p.numel() * p.element_size() for p in layers.parameters())
     assert got <= log.peak_bytes <= got + params + 64 * 64 * 4
+
+
+def test_measure_plan_peak_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    layers = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Dropout(0.5), nn.ReLU(),
+                           nn.Linear(32, 8))
+    x = torch.randn(64, 16, requires_grad=True)
+    layers[0].weight.grad = torch.ones_like(layers[0].weight)     # the user's own gradient
+    stats = layers[1].running_mean.clone(), layers[1].num_batches_tracked.clone()
+    rng = torch.get_rng_state()
+    peaks = [widgets.measure_plan_peak(layers, x, [0, 2]) for _ in range(2)]
+    assert peaks[0] == peaks[1] > 0
+    assert torch.equal(layers[0].weight.grad, torch.ones_like(layers[0].weight))
+    assert layers[4].weight.grad is None and x.grad is None
+    assert torch.equal(layers[1].running_mean, stats[0])
+    assert torch.equal(layers[1].num_batches_tracked, stats[1])
+    assert torch.equal(torch.get_rng_state(), rng)
