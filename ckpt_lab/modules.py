@@ -25,12 +25,15 @@ which of them to checkpoint for a memory budget; the answer is a predicate for
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .checkpoint import IMPLS, checkpoint
+from .memory import new_storages
 
 _MARK = "_ckpt_lab_original_forward"
 CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past")
@@ -233,23 +236,56 @@ class ModuleProfile:
     input_bytes: int
     other_saved_bytes: int
     shared_args_bytes: int
+    # per storage saved for backward: (bytes, the blocks that save it, None for outside them)
+    saved: dict[int, tuple[int, frozenset]] = field(default_factory=dict, repr=False)
+    # per block: the storages of its tensor arguments; the bytes of those the step allocated
+    args: dict[str, frozenset] = field(default_factory=dict, repr=False)
+    arg_bytes: dict[int, int] = field(default_factory=dict, repr=False)
 
     def checkpoint_saving_bytes(self, names) -> int:
-        """Predicted bytes alive after the forward that checkpointing the named blocks frees."""
-        chosen = [b for b in self.blocks if b.name in set(names)]
+        """Bytes alive after the forward that checkpointing the named blocks frees (exact).
+
+        A storage the step allocated is freed when every block that saves it is checkpointed
+        and no checkpoint keeps it as an input; an argument nothing saved costs its bytes when
+        a checkpoint keeps it. So a block's output that the next block saves too is not freed
+        by checkpointing the block alone, and the model's input, which the caller holds,
+        neither counts nor costs.
+        """
+        chosen = set(names) & {b.name for b in self.blocks}
         if not chosen:
             return 0
-        kept = [self.input_bytes if i == 0 else self.blocks[i - 1].out_bytes
-                for i, b in enumerate(self.blocks) if b in chosen]
-        return sum(b.act_bytes for b in chosen) - sum(kept) - self.shared_args_bytes
+        kept = frozenset().union(*(self.args.get(n, frozenset()) for n in chosen))
+        freed = sum(nbytes for key, (nbytes, savers) in self.saved.items()
+                    if savers <= chosen and key not in kept)
+        pinned = sum(self.arg_bytes.get(key, 0) for key in kept if key not in self.saved)
+        return freed - pinned
+
+
+class _Allocated(TorchDispatchMode):
+    """Remembers (by weak reference) every storage an op allocates while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for st in new_storages(func, args, kwargs or {}, out):
+            self.refs[id(st)] = weakref.ref(st)
+        return out
+
+    def __contains__(self, st) -> bool:
+        ref = self.refs.get(id(st))
+        return ref is not None and ref() is st
 
 
 def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     """Run ``step()`` (a forward, or forward and backward) once and profile the matched blocks.
 
     Every storage autograd saves is charged to the block that saved it first (parameters and
-    buffers are not activations and are skipped); a block's tensor arguments after the first
-    (attention masks, position embeddings) are shared and charged outside every block.
+    buffers are not activations and are skipped, passed as arguments or not); a block's other
+    tensor arguments after the first (attention masks, position embeddings) are shared and
+    charged outside every block.
     Profile a model that is not checkpointed: a checkpoint hides what it saves.
     """
     found = matched_modules(model, select)
@@ -261,22 +297,37 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     stats: dict[str, dict] = {}
     order: list[str] = []
 
+    savers: dict[int, set] = {}
+    block_args: dict[str, set] = {}
+    arg_bytes: dict[int, int] = {}
+    arg_storages: dict[int, torch.UntypedStorage] = {}   # alive until the profile is built
+    allocated = _Allocated()
+
     def pack(t):
         st = t.untyped_storage()
         key = id(st)
         saved_anywhere.add(key)
-        if key not in weights and key not in owner:
-            owner[key] = (state["block"], st.nbytes(), st)
+        if key not in weights:
+            owner.setdefault(key, (state["block"], st.nbytes(), st))
+            savers.setdefault(key, set()).add(state["block"])
         return t
 
     def pre(name):
         def hook(module, args, kwargs):
             # tensors besides the first (masks, position embeddings) are shared by every
             # block and kept whether or not the block is checkpointed: not the block's own
-            for t in _all_tensors((args, kwargs))[1:]:
+            # (a parameter or buffer passed along is no activation at all)
+            tensors = _all_tensors((args, kwargs))
+            for i, t in enumerate(tensors):
                 st = t.untyped_storage()
-                owner.setdefault(id(st), (None, st.nbytes(), st))
-                shared.setdefault(id(st), st)
+                if id(st) in weights:
+                    continue
+                block_args.setdefault(name, set()).add(id(st))
+                arg_bytes[id(st)] = st.nbytes()
+                arg_storages[id(st)] = st
+                if i > 0:
+                    owner.setdefault(id(st), (None, st.nbytes(), st))
+                    shared.setdefault(id(st), st)
             if name not in stats:
                 first = _first_tensor((args, kwargs))
                 stats[name] = {"in": first.untyped_storage().nbytes() if first is not None
@@ -298,7 +349,7 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
         for name, m in found:
             handles.append(m.register_forward_pre_hook(pre(name), with_kwargs=True))
             handles.append(m.register_forward_hook(post(name), with_kwargs=True))
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), allocated:
             step()
     finally:
         for h in handles:
@@ -316,7 +367,13 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     blocks = [BlockProfile(n, act[n], stats[n]["out"], stats[n]["seconds"]) for n in order]
     saved_keys = set(saved_anywhere)
     unsaved = sum(st.nbytes() for k, st in shared.items() if k not in saved_keys)
-    return ModuleProfile(blocks, stats[order[0]]["in"], other - unsaved, unsaved)
+    # The exact saving counts only what the step allocated: a tensor the caller holds (the
+    # model's input) stays alive whatever is checkpointed.
+    saved = {key: (owner[key][1], frozenset(who)) for key, who in savers.items()
+             if owner[key][2] in allocated}
+    arg_bytes = {key: n for key, n in arg_bytes.items() if arg_storages[key] in allocated}
+    return ModuleProfile(blocks, stats[order[0]]["in"], other - unsaved, unsaved, saved,
+                         {n: frozenset(k) for n, k in block_args.items()}, arg_bytes)
 
 
 def plan_modules(model: nn.Module, select, step, budget_bytes) -> ModulePlan:

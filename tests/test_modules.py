@@ -353,3 +353,97 @@ def test_policy_is_passed_to_checkpoint():
         loss = run()
         kept["plain"] = mem.current_bytes
     assert kept[None] < kept["save_matmuls"] < kept["plain"]
+
+
+class _ScaledBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x, scale, mask):
+        return torch.tanh(self.lin(x) * scale + mask)
+
+
+class _SharedArgs(nn.Module):
+    """Blocks called with a parameter, a buffer and a mask built in each forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((32,), 0.5))
+        self.register_buffer("bias", torch.ones(32))
+        self.blocks = nn.ModuleList(_ScaledBlock() for _ in range(3))
+
+    def forward(self, x):
+        mask = torch.zeros(x.shape[0], 32) + self.bias    # an activation every block shares
+        for block in self.blocks:
+            x = block(x, self.scale, mask)
+        return x.sum()
+
+
+def test_parameters_passed_to_blocks_are_not_shared_activations():
+    model, x = _SharedArgs(), torch.randn(8, 32, requires_grad=True)
+    prof = profile_modules(model, _ScaledBlock, lambda: model(x))
+    mask_bytes = 8 * 32 * 4
+    assert prof.shared_args_bytes == mask_bytes          # the mask; not the scale parameter
+    assert prof.other_saved_bytes == 0                   # nothing saved outside the blocks
+    names = [b.name for b in prof.blocks[:2]]
+    with track_memory() as mem:
+        loss = model(x)
+        plain_kept = mem.current_bytes
+    del loss
+    with checkpoint_modules(model, lambda name, m: name in names):
+        with track_memory() as mem:
+            loss = model(x)
+            kept = mem.current_bytes
+        del loss
+    assert plain_kept - kept == prof.checkpoint_saving_bytes(names)
+
+
+def _post_norm_encoder():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
+
+
+def _exact_cases():
+    """(model, block class, step) triples whose blocks save, share and pass tensors differently."""
+    causal = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    pad = torch.zeros(2, 10, dtype=torch.bool)
+    pad[1, 7:] = True
+    x_grad = torch.randn(2, 10, 32, requires_grad=True)
+    x_data = torch.randn(2, 10, 32)                      # the caller holds it; nothing saves it
+    pre, post, shared, g = encoder(), _post_norm_encoder(), _SharedArgs(), gpt()
+    return {
+        "pre-norm encoder, masks": (pre, nn.TransformerEncoderLayer,
+                                    lambda: pre(x_grad, mask=causal,
+                                                src_key_padding_mask=pad).sum()),
+        "post-norm encoder, input without grad": (post, nn.TransformerEncoderLayer,
+                                                  lambda: post(x_data).sum()),
+        "blocks saving each other's outputs": (shared, _ScaledBlock,
+                                               lambda: shared(x_grad[0])),
+        "course GPT": (g, Block, lambda: g(IDX, TGT)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_exact_cases()))
+def test_checkpoint_saving_is_exact_for_every_subset_of_blocks(case):
+    import itertools
+    model, cls, run = _exact_cases()[case]
+
+    def kept_after_forward():
+        torch.manual_seed(1)
+        with track_memory() as mem:
+            out = run()
+            kept = mem.current_bytes
+        del out
+        return kept
+
+    torch.manual_seed(1)
+    prof = profile_modules(model, cls, run)
+    names = [b.name for b in prof.blocks]
+    plain = kept_after_forward()
+    for r in range(1, len(names) + 1):
+        for chosen in itertools.combinations(names, r):
+            with checkpoint_modules(model, lambda name, m: name in chosen):
+                saving = plain - kept_after_forward()
+            assert saving == prof.checkpoint_saving_bytes(chosen), chosen
