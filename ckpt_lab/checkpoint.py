@@ -32,7 +32,9 @@ real checkpoint must guard against, each a silent wrong gradient otherwise, is l
 * metadata: every recomputed saved tensor (or output) must have the forward's shape, dtype and
   device; a function that branches on global state is refused instead of mis-differentiated.
 * early stop (hooks): the recompute stops as soon as it has produced the last tensor backward
-  needs (``early_stop=False`` runs the whole function again; lesson 4 measures the difference).
+  needs (``early_stop=False`` runs the whole function again; lesson 4 measures the difference),
+  at an op boundary: an op that writes into an argument it saved (``nn.RReLU``'s noise buffer,
+  saved before it is filled) runs before the stop, one that only reads its inputs is skipped.
 * nesting (hooks): a checkpoint's inputs are saved through whatever hooks are active, so a
   checkpoint inside a checkpoint frees its inputs too (what makes ``checkpoint_recursive``
   O(log L)); a ``torch.autograd.grad`` inside the function works in forward and in recompute.
@@ -57,6 +59,9 @@ Where ckpt_lab behaves differently from ``torch.utils.checkpoint``, on purpose:
   returns wrong gradients silently.
 * a custom ``autograd.Function`` that reads ``ctx.saved_tensors`` twice gets the same tensors
   again, without another forward (torch raises).
+* an op that fills a buffer after saving it (``nn.RReLU`` in training) gets the filled buffer;
+  torch's early stop hands backward the unfilled one, whatever memory held (pytorch/pytorch
+  #193671), unless ``torch.utils.checkpoint.set_checkpoint_early_stop(False)``.
 * ``impl="reentrant"`` refuses a call where no tensor argument requires grad: torch runs it,
   but then the output has no ``grad_fn`` and every parameter inside silently gets no gradient
   (the trap of a frozen embedding or a LoRA adapter). Make the input require grad
@@ -81,6 +86,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .memory import phase
 from .selective import SelectiveFunction
@@ -440,6 +446,45 @@ class _StopRecompute(Exception):
     """Raised once the recompute has produced every tensor backward needs (early stop)."""
 
 
+_WRITES: dict = {}
+
+
+def _writes(func) -> bool:
+    """Whether an ATen op writes into one of its arguments (its schema marks it ``(a!)``)."""
+    hit = _WRITES.get(func)
+    if hit is None:
+        hit = _WRITES[func] = any(a.alias_info is not None and a.alias_info.is_write
+                                  for a in func._schema.arguments)
+    return hit
+
+
+_WATCHED = 8       # more tensors than one op saves (inputs, weights, statistics)
+
+
+class _StopAtOp(TorchDispatchMode):
+    """Ends an early-stopping recompute at an op boundary once every tensor has been saved.
+
+    Autograd saves an op's inputs *before* the op runs. Stopping right there is exact for an
+    op that only reads them (the last ``softmax . V`` of an attention core is skipped), but not
+    for one that writes into an argument it saves: ``rrelu_with_noise`` saves its ``noise``
+    buffer and only then fills it, so stopping before it hands backward an uninitialised
+    buffer (PyTorch's own non-reentrant checkpoint does, pytorch/pytorch#193671). Such an op
+    runs first.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.pending = False                      # the last saved tensor has been packed
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.pending and not _writes(func):
+            raise _StopRecompute
+        out = func(*args, **(kwargs or {}))
+        if self.pending:
+            raise _StopRecompute
+        return out
+
+
 class _SaveInputs(torch.autograd.Function):
     """Saves a checkpoint's inputs through whatever saved-tensor hooks are active (nesting).
 
@@ -528,15 +573,34 @@ class _Frame:
             if h is not None:
                 h.tensor = x
             if stop and count == n:
-                raise _StopRecompute
+                stopper.pending = True            # stop at the next op boundary
+            elif stop and count >= n - _WATCHED:
+                watch()
             return x                              # the recompute's own graph stays usable
+
+        # The stopper (a dispatch mode, a Python call per op) watches only the ops from the
+        # _WATCHED-th last saved tensor on. An op already running when it starts is not seen:
+        # if that op also saves the last tensor it runs whole, which is still exact. It is not
+        # started from inside a backward the function runs itself (torch.autograd.grad), whose
+        # engine keeps its own dispatch state; the recompute then just runs to the end.
+        stopper, watching, task = _StopAtOp(), [], torch._C._current_graph_task_id()
+
+        def watch():
+            if not watching and torch._C._current_graph_task_id() == task:
+                stopper.__enter__()
+                watching.append(stopper)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), \
                 self.replay.restored(), torch.enable_grad(), phase("recompute"):
             try:
+                if stop and n <= _WATCHED:
+                    watch()
                 self.fn(*args, **kwargs)
             except _StopRecompute:
                 pass
+            finally:
+                for mode in watching:
+                    mode.__exit__(None, None, None)
         if count < n:
             raise CheckpointError(
                 f"impl='hooks': the recompute saved {count} tensors but the forward saved "

@@ -244,19 +244,25 @@ def test_a_saved_tensor_read_twice_needs_no_third_forward():
 @pytest.mark.parametrize("early_stop", [True, False])
 def test_early_stop_switch(early_stop):
     """tanh saves its output, the last tensor backward needs: with early stop the recompute
-    ends there and never reaches the rest of the function."""
-    reached = []
+    ends there and never runs the rest of the function (neg, which saves nothing)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def f(x):
-        y = torch.tanh(x)
-        reached.append(1)
-        return y * 2
+    class CountNeg(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
 
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func.overloadpacket is torch.ops.aten.neg
+            return func(*args, **(kwargs or {}))
+
+    f = lambda x: torch.tanh(x).neg()  # noqa: E731
     x = torch.randn(5, requires_grad=True)
     ref = torch.autograd.grad(f(x).sum(), x)[0]
-    reached.clear()
-    checkpoint(f, x, early_stop=early_stop).sum().backward()
-    assert len(reached) == (1 if early_stop else 2)
+    out = checkpoint(f, x, early_stop=early_stop).sum()
+    with CountNeg() as counted:
+        out.backward()
+    assert counted.n == (1 if early_stop else 2)          # backward's own neg (+ the recompute's)
     assert torch.equal(x.grad, ref)
 
 
@@ -273,3 +279,62 @@ def test_early_stop_gives_the_same_gradients_through_checkpoint_sequential():
         return [p.grad for p in m.parameters()]
 
     assert same(grads(early_stop=True), grads(early_stop=False))
+
+
+def _poison_freed_memory(shape):
+    """Allocate and free tensors full of 7s, as the rest of a training step would between
+    forward and backward: an uninitialised buffer then holds 7s, not last step's values."""
+    junk = [torch.full(shape, 7.0) for _ in range(32)]
+    del junk
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_an_op_that_fills_a_buffer_it_saved_runs_before_the_recompute_stops(impl, early_stop):
+    """rrelu_with_noise saves its noise buffer, then fills it with a random slope per negative
+    input. Stopping the recompute at its save hands backward an uninitialised buffer; the
+    op must run first. Oracle: plain autograd, and PyTorch's checkpoint without early stop."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 16), nn.RReLU(), nn.Linear(16, 16), nn.RReLU())
+    x = torch.randn(32, 16, requires_grad=True)
+
+    def grads(run):
+        net.zero_grad(set_to_none=True)
+        x.grad = None
+        torch.manual_seed(1)
+        out = run()
+        _poison_freed_memory((32, 16))
+        out.sum().backward()
+        return [x.grad] + [p.grad for p in net.parameters()]
+
+    plain = grads(lambda: net(x))
+    with tuc.set_checkpoint_early_stop(False):
+        oracle = grads(lambda: tuc.checkpoint(net, x, use_reentrant=False))
+    kw = {"early_stop": early_stop} if impl == "hooks" else {}
+    ours = grads(lambda: checkpoint(net, x, impl=impl, **kw))
+    assert same(plain, oracle) and same(plain, ours)
+
+
+def test_early_stop_still_skips_a_last_op_that_only_reads():
+    """The stop waits for an op that writes what it saved, not for one that only reads: the
+    last product of an attention core saves its inputs and is never re-run (lesson 4)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bmm = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.bmm += func.overloadpacket is torch.ops.aten.bmm
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = (torch.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
+    core = lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1) @ v  # noqa: E731
+    counts = {}
+    for early_stop in (True, False):
+        out = checkpoint(core, q, k, v, early_stop=early_stop).sum()
+        with Count() as c:
+            out.backward()
+        counts[early_stop] = c.bmm
+    assert counts == {True: 1 + 4, False: 2 + 4}     # recompute + 4 in backward
