@@ -426,11 +426,11 @@ class _Holder:
 class _Saved:
     """What the forward recorded about one saved tensor: its holder, metadata and version."""
 
-    __slots__ = ("holder", "meta", "probe", "version")
+    __slots__ = ("holder", "meta", "requires_grad", "probe", "version")
 
     def __init__(self, holder: _Holder, t: torch.Tensor):
         self.holder = weakref.ref(holder)         # dead once autograd no longer needs it
-        self.meta = _meta(t)
+        self.meta, self.requires_grad = _meta(t), t.requires_grad
         self.probe, self.version = _probe(t), t._version
 
     def edited(self) -> bool:
@@ -458,7 +458,10 @@ def _writes(func) -> bool:
     return hit
 
 
-_WATCHED = 8       # more tensors than one op saves (inputs, weights, statistics)
+# The last _WATCHED saved tensors decide how a recompute stops early: a matmul, the usual last
+# op, saves two inputs. If they all require grad it stops at the last save; otherwise a
+# _StopAtOp starts watching there (the op in flight when it starts is one it cannot see).
+_WATCHED = 2
 
 
 class _StopAtOp(TorchDispatchMode):
@@ -470,13 +473,28 @@ class _StopAtOp(TorchDispatchMode):
     buffer and only then fills it, so stopping before it hands backward an uninitialised
     buffer (PyTorch's own non-reentrant checkpoint does, pytorch/pytorch#193671). Such an op
     runs first.
+
+    A tensor an op writes after saving it is one of its buffer arguments (rrelu's noise, batch
+    norm's running statistics), which never require grad. So the stopper is needed only when
+    one of the last saved tensors does not require grad; otherwise (a matmul's two inputs,
+    the usual end of a block) the recompute stops at the last save itself, at no cost.
+
+    A mode started while an op is in flight does not see that op, only the ops its kernel
+    calls; stopping at one of those would cut the op short. So when nothing has been seen
+    since a mid-op start, the last saved tensor may be that op's, and the recompute is not
+    stopped (it runs to the end, which is exact).
     """
 
     def __init__(self):
         super().__init__()
-        self.pending = False                      # the last saved tensor has been packed
+        self.pending = False       # the last saved tensor has been packed: stop at the next op
+        self.seen = 0              # ops seen, those of the recompute's own pack hook aside
+        self.quiet = False         # inside the pack hook
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.quiet:
+            return func(*args, **(kwargs or {}))
+        self.seen += 1
         if self.pending and not _writes(func):
             raise _StopRecompute
         out = func(*args, **(kwargs or {}))
@@ -568,39 +586,44 @@ class _Frame:
             entry = self.saved[i]
             if _meta(x) != entry.meta:
                 raise _mismatch(f"impl='hooks': saved tensor {i}", entry.meta, _meta(x))
+            stopper.quiet = True
             x = x.detach() if x.requires_grad else x   # (x itself would hold its own grad_fn)
+            stopper.quiet = False
             h = entry.holder()
             if h is not None:
                 h.tensor = x
             if stop and count == n:
-                stopper.pending = True            # stop at the next op boundary
-            elif stop and count >= n - _WATCHED:
-                watch()
+                if at_save:
+                    raise _StopRecompute
+                # the op in flight will be seen, unless the stopper started during it
+                stopper.pending = bool(watching) and (watching[0] or stopper.seen > 0)
+            elif stop and not at_save and count >= n - _WATCHED:
+                watch(before_any_op=False)
             return x                              # the recompute's own graph stays usable
 
-        # The stopper (a dispatch mode, a Python call per op) watches only the ops from the
-        # _WATCHED-th last saved tensor on. An op already running when it starts is not seen:
-        # if that op also saves the last tensor it runs whole, which is still exact. It is not
-        # started from inside a backward the function runs itself (torch.autograd.grad), whose
-        # engine keeps its own dispatch state; the recompute then just runs to the end.
+        # The stopper (a dispatch mode: a Python call per op) watches only the ops from the
+        # _WATCHED-th last saved tensor on. It is not started from inside a backward the
+        # function runs itself (torch.autograd.grad), whose engine keeps its own dispatch
+        # state; the recompute then just runs to the end.
         stopper, watching, task = _StopAtOp(), [], torch._C._current_graph_task_id()
+        at_save = all(e.requires_grad for e in self.saved[max(n - _WATCHED, 0):n])
 
-        def watch():
+        def watch(before_any_op):
             if not watching and torch._C._current_graph_task_id() == task:
                 stopper.__enter__()
-                watching.append(stopper)
+                watching.append(before_any_op)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), \
                 self.replay.restored(), torch.enable_grad(), phase("recompute"):
             try:
-                if stop and n <= _WATCHED:
-                    watch()
+                if stop and not at_save and n <= _WATCHED:
+                    watch(before_any_op=True)
                 self.fn(*args, **kwargs)
             except _StopRecompute:
                 pass
             finally:
-                for mode in watching:
-                    mode.__exit__(None, None, None)
+                if watching:
+                    stopper.__exit__(None, None, None)
         if count < n:
             raise CheckpointError(
                 f"impl='hooks': the recompute saved {count} tensors but the forward saved "

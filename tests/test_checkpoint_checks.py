@@ -288,14 +288,24 @@ def _poison_freed_memory(shape):
     del junk
 
 
+RRELU_NETS = {   # where RReLU's save falls among the last saved tensors
+    "rrelu alone": lambda: nn.Sequential(nn.RReLU()),
+    "linear, rrelu": lambda: nn.Sequential(nn.Linear(16, 16), nn.RReLU()),
+    "twice": lambda: nn.Sequential(nn.Linear(16, 16), nn.RReLU(), nn.Linear(16, 16), nn.RReLU()),
+    "rrelu, then linear": lambda: nn.Sequential(nn.RReLU(), nn.Linear(16, 16)),
+}
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("early_stop", [True, False])
-def test_an_op_that_fills_a_buffer_it_saved_runs_before_the_recompute_stops(impl, early_stop):
+@pytest.mark.parametrize("net", list(RRELU_NETS))
+def test_an_op_that_fills_a_buffer_it_saved_runs_before_the_recompute_stops(
+        impl, early_stop, net):
     """rrelu_with_noise saves its noise buffer, then fills it with a random slope per negative
     input. Stopping the recompute at its save hands backward an uninitialised buffer; the
     op must run first. Oracle: plain autograd, and PyTorch's checkpoint without early stop."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(16, 16), nn.RReLU(), nn.Linear(16, 16), nn.RReLU())
+    net = RRELU_NETS[net]()
     x = torch.randn(32, 16, requires_grad=True)
 
     def grads(run):
