@@ -305,6 +305,31 @@ def new_storages(func, args, kwargs, out) -> list:
     return list(fresh.values())
 
 
+class StorageBirths(TorchDispatchMode):
+    """Notes, weakly, every storage an operation creates while the block runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for st in new_storages(func, args, kwargs, out):
+            self.storages[id(st)] = weakref.ref(st, self._forget(id(st)))
+        return out
+
+    def _forget(self, key: int):
+        def forget(ref):
+            if self.storages.get(key) is ref:
+                del self.storages[key]
+        return forget
+
+    def created(self, st: torch.UntypedStorage) -> bool:
+        """Whether an operation inside the block created this storage."""
+        ref = self.storages.get(id(st))
+        return ref is not None and ref() is st
+
+
 @contextlib.contextmanager
 def track_memory(limit_bytes: int | None = None):
     """Measure bytes of tensor storages allocated inside the block: `with track_memory() as mem:`.

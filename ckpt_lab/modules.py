@@ -25,15 +25,13 @@ which of them to checkpoint for a memory budget; the answer is a predicate for
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .checkpoint import IMPLS, checkpoint
-from .memory import new_storages
+from .memory import StorageBirths
 
 _MARK = "_ckpt_lab_original_forward"
 CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past")
@@ -261,24 +259,6 @@ class ModuleProfile:
         return freed - pinned
 
 
-class _Allocated(TorchDispatchMode):
-    """Remembers (by weak reference) every storage an op allocates while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.refs: dict[int, weakref.ref] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for st in new_storages(func, args, kwargs or {}, out):
-            self.refs[id(st)] = weakref.ref(st)
-        return out
-
-    def __contains__(self, st) -> bool:
-        ref = self.refs.get(id(st))
-        return ref is not None and ref() is st
-
-
 def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     """Run ``step()`` (a forward, or forward and backward) once and profile the matched blocks.
 
@@ -301,7 +281,7 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     block_args: dict[str, set] = {}
     arg_bytes: dict[int, int] = {}
     arg_storages: dict[int, torch.UntypedStorage] = {}   # alive until the profile is built
-    allocated = _Allocated()
+    allocated = StorageBirths()
 
     def pack(t):
         st = t.untyped_storage()
@@ -370,8 +350,8 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     # The exact saving counts only what the step allocated: a tensor the caller holds (the
     # model's input) stays alive whatever is checkpointed.
     saved = {key: (owner[key][1], frozenset(who)) for key, who in savers.items()
-             if owner[key][2] in allocated}
-    arg_bytes = {key: n for key, n in arg_bytes.items() if arg_storages[key] in allocated}
+             if allocated.created(owner[key][2])}
+    arg_bytes = {key: n for key, n in arg_bytes.items() if allocated.created(arg_storages[key])}
     return ModuleProfile(blocks, stats[order[0]]["in"], other - unsaved, unsaved, saved,
                          {n: frozenset(k) for n, k in block_args.items()}, arg_bytes)
 

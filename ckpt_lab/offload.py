@@ -40,9 +40,8 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from .memory import new_storages
+from .memory import StorageBirths
 
 # What pinned host<->device copies reach on PCIe 4.0 x16 in practice (peak is ~31.5 GB/s).
 PCIE4_X16_BYTES_PER_S = 25_000_000_000
@@ -101,31 +100,6 @@ class _Saved:
         self.parked, self.tensor = parked, (t if keep else None)
         self.dtype, self.size, self.stride, self.offset = \
             t.dtype, tuple(t.size()), t.stride(), t.storage_offset()
-
-
-class _Births(TorchDispatchMode):
-    """Notes, weakly, every storage an operation creates while the block runs."""
-
-    def __init__(self):
-        super().__init__()
-        self.storages: dict[int, weakref.ref] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for st in new_storages(func, args, kwargs, out):
-            self.storages[id(st)] = weakref.ref(st, self._forget(id(st)))
-        return out
-
-    def _forget(self, key: int):
-        def forget(ref):
-            if self.storages.get(key) is ref:
-                del self.storages[key]
-        return forget
-
-    def created(self, st: torch.UntypedStorage) -> bool:
-        """Whether an operation inside the block created this storage."""
-        ref = self.storages.get(id(st))
-        return ref is not None and ref() is st
 
 
 def _grad_leaf_or_view(t: torch.Tensor) -> bool:
@@ -212,7 +186,7 @@ def offload_activations(min_bytes: int = 0,
                          f"{bandwidth_bytes_per_s!r}")
     stats = OffloadStats(min_bytes, bandwidth_bytes_per_s)
     mover = _Mover(stats.copy_events)
-    births = _Births()
+    births = StorageBirths()
     # By storage, weak both ways: backward frees each parked copy as soon as autograd lets go.
     parked: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 
