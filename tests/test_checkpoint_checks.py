@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.utils.checkpoint as tuc
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckpt_lab.checkpoint as ck
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
@@ -241,26 +242,27 @@ def test_a_saved_tensor_read_twice_needs_no_third_forward():
 
 
 # ------------------------------------------------------------------------------ early stop
+class CountOp(TorchDispatchMode):
+    """Counts the calls of one ATen op while active."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.n = op, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func.overloadpacket is self.op
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("early_stop", [True, False])
 def test_early_stop_switch(early_stop):
     """tanh saves its output, the last tensor backward needs: with early stop the recompute
     ends there and never runs the rest of the function (neg, which saves nothing)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CountNeg(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += func.overloadpacket is torch.ops.aten.neg
-            return func(*args, **(kwargs or {}))
-
     f = lambda x: torch.tanh(x).neg()  # noqa: E731
     x = torch.randn(5, requires_grad=True)
     ref = torch.autograd.grad(f(x).sum(), x)[0]
     out = checkpoint(f, x, early_stop=early_stop).sum()
-    with CountNeg() as counted:
+    with CountOp(torch.ops.aten.neg) as counted:
         out.backward()
     assert counted.n == (1 if early_stop else 2)          # backward's own neg (+ the recompute's)
     assert torch.equal(x.grad, ref)
@@ -328,23 +330,12 @@ def test_an_op_that_fills_a_buffer_it_saved_runs_before_the_recompute_stops(
 def test_early_stop_still_skips_a_last_op_that_only_reads():
     """The stop waits for an op that writes what it saved, not for one that only reads: the
     last product of an attention core saves its inputs and is never re-run (lesson 4)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.bmm = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.bmm += func.overloadpacket is torch.ops.aten.bmm
-            return func(*args, **(kwargs or {}))
-
     q, k, v = (torch.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
     core = lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1) @ v  # noqa: E731
     counts = {}
     for early_stop in (True, False):
         out = checkpoint(core, q, k, v, early_stop=early_stop).sum()
-        with Count() as c:
+        with CountOp(torch.ops.aten.bmm) as counted:
             out.backward()
-        counts[early_stop] = c.bmm
+        counts[early_stop] = counted.n
     assert counts == {True: 1 + 4, False: 2 + 4}     # recompute + 4 in backward
