@@ -272,21 +272,18 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     weights = {id(t.untyped_storage()) for t in list(model.parameters()) + list(model.buffers())}
     owner: dict[int, tuple[object, int]] = {}
     shared: dict[int, torch.UntypedStorage] = {}
-    saved_anywhere: set[int] = set()
     state = {"block": None, "start": 0.0}
     stats: dict[str, dict] = {}
     order: list[str] = []
 
-    savers: dict[int, set] = {}
+    savers: dict[int, set] = {}                # storage -> the blocks that save it
     block_args: dict[str, set] = {}
-    arg_bytes: dict[int, int] = {}
     arg_storages: dict[int, torch.UntypedStorage] = {}   # alive until the profile is built
     allocated = StorageBirths()
 
     def pack(t):
         st = t.untyped_storage()
         key = id(st)
-        saved_anywhere.add(key)
         if key not in weights:
             owner.setdefault(key, (state["block"], st.nbytes(), st))
             savers.setdefault(key, set()).add(state["block"])
@@ -303,7 +300,6 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
                 if id(st) in weights:
                     continue
                 block_args.setdefault(name, set()).add(id(st))
-                arg_bytes[id(st)] = st.nbytes()
                 arg_storages[id(st)] = st
                 if i > 0:
                     owner.setdefault(id(st), (None, st.nbytes(), st))
@@ -345,13 +341,12 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
         else:
             act[block] += nbytes
     blocks = [BlockProfile(n, act[n], stats[n]["out"], stats[n]["seconds"]) for n in order]
-    saved_keys = set(saved_anywhere)
-    unsaved = sum(st.nbytes() for k, st in shared.items() if k not in saved_keys)
+    unsaved = sum(st.nbytes() for k, st in shared.items() if k not in savers)
     # The exact saving counts only what the step allocated: a tensor the caller holds (the
     # model's input) stays alive whatever is checkpointed.
     saved = {key: (owner[key][1], frozenset(who)) for key, who in savers.items()
              if allocated.created(owner[key][2])}
-    arg_bytes = {key: n for key, n in arg_bytes.items() if allocated.created(arg_storages[key])}
+    arg_bytes = {key: st.nbytes() for key, st in arg_storages.items() if allocated.created(st)}
     return ModuleProfile(blocks, stats[order[0]]["in"], other - unsaved, unsaved, saved,
                          {n: frozenset(k) for n, k in block_args.items()}, arg_bytes)
 
