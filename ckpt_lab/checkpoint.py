@@ -487,9 +487,17 @@ class _StopAtOp(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
+        self.active = False        # entered (it starts late, or not at all)
+        self.mid_op = False        # entered from a pack hook, while an op was in flight
         self.pending = False       # the last saved tensor has been packed: stop at the next op
         self.seen = 0              # ops seen, those of the recompute's own pack hook aside
         self.quiet = False         # inside the pack hook
+
+    def start(self, mid_op: bool):
+        """Enter the mode (once)."""
+        if not self.active:
+            self.__enter__()
+            self.active, self.mid_op = True, mid_op
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.quiet:
@@ -596,33 +604,32 @@ class _Frame:
                 if at_save:
                     raise _StopRecompute
                 # the op in flight will be seen, unless the stopper started during it
-                stopper.pending = bool(watching) and (watching[0] or stopper.seen > 0)
+                stopper.pending = stopper.active and (not stopper.mid_op or stopper.seen > 0)
             elif stop and not at_save and count >= n - _WATCHED:
-                watch(before_any_op=False)
+                watch(mid_op=True)
             return x                              # the recompute's own graph stays usable
 
         # The stopper (a dispatch mode: a Python call per op) watches only the ops from the
         # _WATCHED-th last saved tensor on. It is not started from inside a backward the
         # function runs itself (torch.autograd.grad), whose engine keeps its own dispatch
         # state; the recompute then just runs to the end.
-        stopper, watching, task = _StopAtOp(), [], torch._C._current_graph_task_id()
+        stopper, task = _StopAtOp(), torch._C._current_graph_task_id()
         at_save = all(e.requires_grad for e in self.saved[max(n - _WATCHED, 0):n])
 
-        def watch(before_any_op):
-            if not watching and torch._C._current_graph_task_id() == task:
-                stopper.__enter__()
-                watching.append(before_any_op)
+        def watch(mid_op):
+            if torch._C._current_graph_task_id() == task:
+                stopper.start(mid_op)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), \
                 self.replay.restored(), torch.enable_grad(), phase("recompute"):
             try:
                 if stop and not at_save and n <= _WATCHED:
-                    watch(before_any_op=True)
+                    watch(mid_op=False)
                 self.fn(*args, **kwargs)
             except _StopRecompute:
                 pass
             finally:
-                if watching:
+                if stopper.active:
                     stopper.__exit__(None, None, None)
         if count < n:
             raise CheckpointError(
