@@ -143,15 +143,6 @@ def _op_seconds(model, x, y, repeats: int = 5) -> dict[str, float]:
     return {op: statistics.median(r.get(op, 0.0) for r in runs) for op in runs[0]}
 
 
-def _recomputed(model: nn.Module, name: str) -> list[nn.Module] | None:
-    """The modules of a plain GPT whose forward policy `name` runs again (None: not a module)."""
-    if name.startswith("selective"):
-        return [block.attn.core for block in model.blocks()]
-    if name.startswith("every"):
-        return model.blocks()
-    return None
-
-
 def _rerun_share(model, x, y, modules, repeats: int) -> float:
     """The share of a plain step spent in the forward of `modules` (`course.forward_share`)."""
     def step():
@@ -224,8 +215,9 @@ def main(out_path: Path | None = None, quick: bool = False, threads: int | None 
         for name in names[r % len(names):] + names[:r % len(names)]:
             rows[name]["times"].append(_fwd_bwd(models[name], x, y))
     plain = models["none"]
-    shares = {kind: _rerun_share(plain, x, y, _recomputed(plain, kind), repeats)
-              for kind in ("selective", "every")}
+    rerun = {"selective": [block.attn.core for block in plain.blocks()],   # what each re-runs
+             "every": plain.blocks()}
+    shares = {kind: _rerun_share(plain, x, y, modules, repeats) for kind, modules in rerun.items()}
     base = rows["none"]
     base_time = statistics.median(base["times"])
     for row in rows.values():
