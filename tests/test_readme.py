@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ckpt_lab import course
+from ckpt_lab.lessons import course
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from matplotlib.figure import Figure
 
-from ckpt_lab import course
+from ckpt_lab.lessons import course
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("build_site", ROOT / "tools" / "build_site.py")

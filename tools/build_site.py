@@ -4,7 +4,7 @@ EXECUTED holds notebooks as the test run executed them (notebooks/conftest.py sa
 nbval ran, with its outputs and widget state, to artifacts/executed/), so building the site
 runs no notebook again. Each notebook becomes one page with nbconvert's JupyterLab template
 (outputs, plots, and the widgets as static snapshots of their last state); ``index.html``
-follows the course map in ``ckpt_lab.course.LESSONS``, each lesson with its solutions.
+follows the course map in ``ckpt_lab.lessons.course.LESSONS``, each lesson with its solutions.
 Publish OUT as it is (GitHub Pages: see README).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 from nbconvert import HTMLExporter
 
-from ckpt_lab import course
+from ckpt_lab.lessons import course
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
