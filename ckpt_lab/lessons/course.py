@@ -32,7 +32,7 @@ LESSONS = {
     "01_where_memory_goes": "Where the memory goes",
     "02_checkpointing_from_scratch": "Checkpointing from scratch",
     "03_segments_and_sqrt_l": "Segments and sqrt(L)",
-    "04_the_price": "The price: recompute FLOPs and step time",
+    "04_the_price": "What does recomputation cost, in FLOPs and in time?",
     "05_transformers_selective": "Transformers and selective recomputation",
     "06_optimal_schedules": "Optimal schedules: the planner, the Pareto front, recursion",
     "07_combining_techniques": "Combining checkpointing, accumulation, mixed precision, offload",

@@ -147,3 +147,50 @@ def budget_scatter(names, peak_bytes, cost, budget_bytes: int, fits=None, ax=Non
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------------------
+# Lessons 4-7 (the price, transformers and selective recomputation, optimal schedules,
+# combining techniques). Measured as bars or points, predicted as lines, recompute orange.
+def ratio_panels(panels: dict, title: str = "Cost of a step, as a multiple of a plain step"):
+    """Small multiples, one panel per machine: for each strategy a FLOPs bar (counted) and a
+    time bar (measured, hatched); the plain step's 1.0 in blue, what comes on top in orange.
+
+    ``panels`` maps a panel title to {strategy: {"FLOPs": ratio, "time": ratio}}; an empty or
+    None panel (no committed GPU run) is left out.
+    """
+    panels = {name: groups for name, groups in panels.items() if groups}
+    if not panels:
+        raise ValueError("ratio_panels needs at least one panel with ratios")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.3), sharey=True,
+                             squeeze=False)
+    top = max(r for groups in panels.values() for g in groups.values() for r in g.values())
+    for ax, (name, groups) in zip(axes[0], panels.items()):
+        ticks, labels, x = [], [], 0.0
+        for group, ratios in groups.items():
+            for kind in ("FLOPs", "time"):
+                if kind not in ratios:
+                    continue
+                r, hatch = ratios[kind], "//" if kind == "time" else None
+                ax.bar(x, min(r, 1.0), color=PHASE_COLORS["forward"], width=0.8)
+                if r > 1:
+                    ax.bar(x, r - 1, bottom=1.0, color=PHASE_COLORS["recompute"], width=0.8,
+                           hatch=hatch, edgecolor="white" if hatch else None)
+                ax.text(x, r + 0.02 * top, f"x{r:.2f}", ha="center", va="bottom", fontsize=8)
+                ticks.append(x)
+                labels.append(f"{group}\n{kind}")
+                x += 1
+            x += 0.6
+        ax.set_xticks(ticks, labels, fontsize=8)
+        ax.set_title(name, fontsize=10)
+        ax.set_ylim(0, top * 1.15)
+    axes[0][0].set_ylabel("x a plain step")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["forward"]),
+               plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["recompute"]),
+               plt.Rectangle((0, 0), 1, 1, facecolor=PHASE_COLORS["recompute"], hatch="//",
+                             edgecolor="white")]
+    fig.legend(handles, ["a plain step", "added FLOPs (counted)", "added time (measured)"],
+               fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig

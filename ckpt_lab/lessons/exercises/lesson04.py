@@ -1,103 +1,134 @@
-"""Exercises of lesson 4: The price."""
+"""Predictions of lesson 4 (what recomputation costs, in FLOPs and in time).
+
+Each right answer is measured when it is needed: FLOPs counted by PyTorch's
+`FlopCounterMode` on the lesson's CPU-sized GPT, the GPU time read from the course's
+committed H200 run.
+"""
 from __future__ import annotations
 
+import math
+
 import torch
-from torch import nn
+import torch.utils.checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab.checkpoint import checkpoint
-from ckpt_lab.memory import kept_after_forward
+from ckpt_lab.models import GPTConfig, build_model
 
-from .base import Exercise, _name_set
+from .base import Exercise, _number
 
-CANDIDATE_MODULES = {
-    "Linear": lambda: nn.Linear(16, 16), "ReLU": nn.ReLU, "GELU": nn.GELU,
-    "Dropout": lambda: nn.Dropout(0.5),
-    "Linear->ReLU": lambda: nn.Sequential(nn.Linear(16, 16), nn.ReLU()),
-    "ReLU->Linear": lambda: nn.Sequential(nn.ReLU(), nn.Linear(16, 16)),
-    "Linear->ReLU->Linear": lambda: nn.Sequential(nn.Linear(16, 16), nn.ReLU(),
-                                                  nn.Linear(16, 16)),
-}
+# The lesson's CPU sizes (course.sizes picks them on a CPU).
+LAYERS, HIDDEN, HEADS, SEQ, BATCH = 4, 128, 4, 64, 4
 
 
-def checkpoint_saving_bytes() -> dict[str, int]:
-    """Measured: bytes `checkpoint` saves after the forward of each candidate, x of (64, 16)."""
-    torch.manual_seed(0)
-    x = torch.randn(64, 16, requires_grad=True)
-    out = {}
-    for name, make in CANDIDATE_MODULES.items():
-        m = make()
-        out[name] = kept_after_forward(m, x) - kept_after_forward(lambda t: checkpoint(m, t), x)
-    return out
+def _gpt(dropout: float = 0.1):
+    model = build_model(GPTConfig(block_size=SEQ, n_layer=LAYERS, n_head=HEADS, n_embd=HIDDEN,
+                                  dropout=dropout))
+    idx = torch.randint(0, 256, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    return model, idx
 
 
-def _no_saving_modules(answer):
-    given, why = _name_set(answer, CANDIDATE_MODULES, "names")
-    if why:
-        return False, why
-    saving = checkpoint_saving_bytes()
-    expected = {n for n, b in saving.items() if b <= 0}
-    if given == expected:
-        return True, (f"{sorted(given)}: each keeps only a tensor that is alive anyway (its "
-                      "input, which the checkpoint keeps, or its output). Measured savings: "
-                      + ", ".join(f"{n} {b} B" for n, b in saving.items()))
-    wrong = sorted(given - expected)
-    if wrong:
-        return False, (f"{wrong} keep something besides their input and output (a ReLU output "
-                       "inside, a dropout mask): checkpointing drops it. Measure each with "
-                       "kept_after_forward(m, x) against kept_after_forward(lambda t: "
-                       "checkpoint(m, t), x).")
-    return False, ("Something that saves nothing is missing: a module whose only saved tensor "
-                   "is its input (kept by the checkpoint anyway) or its own output.")
+def _flops(step) -> int:
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
 
 
-def _mlp_for_policy():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+def step_flops(policy: str = "none", dropout: float = 0.1) -> int:
+    """Counted FLOPs of one step of the lesson's CPU GPT under a model policy."""
+    model, idx = _gpt(dropout)
+    model.set_policy(policy)
+    return _flops(lambda: model(idx, idx).backward())
 
 
-def policy_cost(policy) -> dict[str, int]:
-    """Measured for the (Linear 16->64, GELU, Linear 64->16) MLP on x of (64, 16): bytes kept
-    after the forward and FLOPs of a step, plain, fully checkpointed and with ``policy``."""
-    from torch.utils.flop_counter import FlopCounterMode
-    mlp = _mlp_for_policy()
-    x = torch.randn(64, 16, requires_grad=True)
-    runs = {"plain": lambda t: mlp(t), "full": lambda t: checkpoint(mlp, t),
-            "policy": lambda t: checkpoint(mlp, t, policy=policy)}
-    out = {}
-    for name, run in runs.items():
-        out[f"{name}_bytes"] = kept_after_forward(run, x)
-        with FlopCounterMode(display=False) as counter:
-            run(x).sum().backward()
-        out[f"{name}_flops"] = counter.get_total_flops()
-    return out
+def full_flops_ratio() -> float:
+    """Measured: FLOPs of a step with torch's checkpoint around every block over a plain one."""
+    model, idx = _gpt()
+    layers = model.layers()
+
+    def step(ckpt: bool):
+        h = layers[0](idx)
+        for block in layers[1:-1]:
+            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if ckpt \
+                else block(h)
+        model.loss(layers[-1](h), idx).backward()
+
+    return _flops(lambda: step(True)) / _flops(lambda: step(False))
 
 
-def _selective_policy(answer):
-    if not callable(answer):
-        return False, ("Pass your policy itself: a function policy(op, *args, **kwargs) -> bool, "
-                       "True to keep the op's output.")
-    try:
-        c = policy_cost(answer)
-    except Exception as e:  # the learner's code: report, do not raise
-        return False, f"Your policy raised {type(e).__name__}: {e}"
-    summary = (f"kept {c['policy_bytes']:,} B (plain {c['plain_bytes']:,}, full checkpoint "
-               f"{c['full_bytes']:,}); step FLOPs {c['policy_flops']:,} (plain "
-               f"{c['plain_flops']:,})")
-    if c["policy_flops"] > c["plain_flops"]:
-        return False, (f"A matmul is re-run: {summary}. Return True for the matmul ops "
-                       "(op.overloadpacket in ckpt_lab.selective.MATMUL_OPS: aten.addmm, aten.mm).")
-    if c["policy_bytes"] >= c["plain_bytes"]:
-        return False, (f"Nothing is dropped: {summary}. Return False for the GELU so its "
-                       "output is recomputed.")
-    return True, f"{summary}: the GELU output is dropped and no matmul is re-run."
+def _full_flops(answer):
+    value, expected = _number(answer), full_flops_ratio()
+    if math.isclose(value, expected, rel_tol=0.02):
+        return True, (f"x{expected:.3f}: a step is F + 2F, full recomputation adds one F of "
+                      "every block, so 4/3, a little less because the logits (the head) are "
+                      "never re-run.")
+    if value >= 1.8:
+        return False, (f"Measured x{expected:.3f}. Backward re-runs the forward once (F), it does "
+                       "not repeat the backward: a step goes from F + 2F to F + 2F + F.")
+    if value >= 1.45:
+        return False, (f"Measured x{expected:.3f}. The extra F is added to the whole step, F "
+                       "forward + 2F backward = 3F, not to the backward alone: 4F / 3F.")
+    return False, (f"Measured x{expected:.3f}. Every block's forward runs once more, which is "
+                   "nearly a third of a step (the backward costs twice the forward).")
+
+
+def selective_matmuls() -> float:
+    """Measured: selective recomputation's extra FLOPs in units of one layer's Q K^T each."""
+    extra = step_flops("selective") - step_flops("none")
+    return extra / (LAYERS * 2 * BATCH * SEQ ** 2 * HIDDEN)
+
+
+def _selective_matmuls(answer):
+    value, expected = _number(answer), selective_matmuls()
+    if value == expected:
+        return True, ("one: the recompute stops early, as soon as it has rebuilt the last "
+                      "tensor backward needs. softmax . V saves only its inputs (the dropped-out "
+                      "probabilities and V), which exist before it runs, so it never runs.")
+    if value > expected:
+        return False, (f"Measured: {expected:g}. Megatron's count charges both matmuls, but "
+                       "a non-reentrant checkpoint stops at the last saved tensor: . V saves "
+                       "only its inputs, so it is never re-run.")
+    return False, (f"Measured: {expected:g}. Backward needs the softmax output, and the softmax "
+                   "needs Q K^T: that matmul is re-run.")
+
+
+def h200_selective_time() -> float | None:
+    """Selective recomputation's added step time on the committed H200 run, in percent."""
+    from ckpt_lab.lessons import committed
+    found = committed.policies()
+    return None if found is None else 100 * (found["selective"]["time"] - 1)
+
+
+def _selective_time(answer):
+    value = _number(answer)
+    expected = h200_selective_time()
+    if expected is None:
+        return False, "This installation has no committed GPU run to compare with."
+    flops = 100 * (_committed("selective", "FLOPs") - 1)
+    if abs(value - expected) <= 5:
+        return True, (f"+{expected:.1f}% of the time for +{flops:.1f}% of the FLOPs: the mask, "
+                      "softmax and dropout it re-runs count no FLOPs but read and write "
+                      "s x s tensors.")
+    if value < expected:
+        return False, (f"Measured +{expected:.1f}%. FLOPs count only the matmuls; the softmax, "
+                       "mask and dropout the core re-runs cost memory traffic, not FLOPs.")
+    full = 100 * (_committed("every", "time") - 1)
+    return False, (f"Measured +{expected:.1f}%: far less than full recomputation's "
+                   f"+{full:.0f}%; only the attention cores run again.")
+
+
+def _committed(policy: str, kind: str) -> float:
+    from ckpt_lab.lessons import committed
+    return committed.policies()[policy][kind]
 
 
 EXERCISES = [
-    Exercise("04.no_saving_modules", "Of Linear, ReLU, GELU, Dropout, Linear->ReLU, "
-             "ReLU->Linear and Linear->ReLU->Linear (width 16): for which does checkpoint(m, x) "
-             "keep no fewer bytes after the forward than m(x)? Give a set of names.",
-             _no_saving_modules),
-    Exercise("04.selective_policy", "Pass a policy(op, *args, **kwargs) -> bool for "
-             "checkpoint(mlp, x, policy=...) on Linear(16, 64) -> GELU -> Linear(64, 16): it "
-             "must keep fewer bytes than a plain run and re-run no matmul.", _selective_policy),
+    Exercise("04.full_flops", "Full recomputation (torch's checkpoint around every block of "
+             "the lesson's GPT, dropout on): a step's FLOPs, as a multiple of a plain step's?",
+             _full_flops, expected=full_flops_ratio),
+    Exercise("04.selective_matmuls", "Selective recomputation checkpoints each attention core "
+             "(Q K^T, mask, softmax, dropout, . V). How many of the core's two matmuls does "
+             "backward re-run: 0, 1 or 2?", _selective_matmuls, expected=selective_matmuls),
+    Exercise("04.selective_time", "On the committed H200 run, selective recomputation adds "
+             "a few percent to a step's FLOPs. How much does it add to the step's time, in percent?",
+             _selective_time, expected=h200_selective_time),
 ]

@@ -1,0 +1,90 @@
+"""Lesson 4's predictions: each right answer, worked out independently (the paper's formula, a
+FLOP count by hand, the committed GPU file), passes; the usual wrong ones get a hint. And the
+lesson's text keeps two corrections: Korthikanti et al.'s "over 90%" is credited to sequence
+parallelism and selective recomputation together, and no recompute share goes without its basis."""
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from ckpt_lab import formulas
+from ckpt_lab.lessons import exercises
+from ckpt_lab.lessons.exercises import lesson04
+from ckpt_lab.models import GPTConfig, build_model
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_FILE = ROOT / "benchmarks" / "results" / "gpu" / "gpu_check.json"
+LESSON = ROOT / "notebooks" / "04_the_price.ipynb"
+
+
+def _judge(key, answer):
+    return exercises.EXERCISES[key].judge(answer)[0]
+
+
+def test_full_flops_is_the_papers_ratio():
+    args = (lesson04.LAYERS, lesson04.HIDDEN, lesson04.SEQ, lesson04.BATCH, 256)
+    paper = formulas.transformer_flops(*args, recompute="full") / formulas.transformer_flops(*args)
+    assert exercises.EXERCISES["04.full_flops"].expected() == pytest.approx(paper, rel=1e-12)
+    assert _judge("04.full_flops", paper) and _judge("04.full_flops", 4 / 3)
+    for wrong in (2.0, 1.5, 1.0):
+        assert not _judge("04.full_flops", wrong)
+
+
+def test_selective_re_runs_one_matmul_counted_by_hand():
+    model = build_model(GPTConfig(block_size=lesson04.SEQ, n_layer=lesson04.LAYERS,
+                                  n_head=lesson04.HEADS, n_embd=lesson04.HIDDEN))
+    idx = torch.randint(0, 256, (lesson04.BATCH, lesson04.SEQ))
+    counts = {}
+    for policy in ("none", "selective"):
+        model.set_policy(policy, impl="torch")
+        with FlopCounterMode(display=False) as counter:
+            model(idx, idx).backward()
+        counts[policy] = counter.get_total_flops()
+    qk = 2 * lesson04.BATCH * lesson04.SEQ ** 2 * lesson04.HIDDEN
+    assert counts["selective"] - counts["none"] == lesson04.LAYERS * qk
+    assert exercises.EXERCISES["04.selective_matmuls"].expected() == 1
+    assert _judge("04.selective_matmuls", 1)
+    assert not _judge("04.selective_matmuls", 2) and not _judge("04.selective_matmuls", 0)
+
+
+@pytest.mark.skipif(not GPU_FILE.exists(), reason="no committed GPU run")
+def test_selective_time_is_read_from_the_committed_run():
+    sel = json.loads(GPU_FILE.read_text())["policies"]["policies"]["selective"]
+    percent = 100 * (sel["time_ratio"] - 1)
+    assert exercises.EXERCISES["04.selective_time"].expected() == pytest.approx(percent)
+    assert _judge("04.selective_time", round(percent))
+    assert not _judge("04.selective_time", 100 * (sel["flop_ratio"] - 1))   # the FLOP share
+    assert not _judge("04.selective_time", 36)
+
+
+def test_unanswered_and_malformed_never_raise(capsys):
+    for key in exercises.keys(4):
+        assert exercises.check(key, None) is False
+        assert exercises.check(key, "a lot") is False
+    assert "not answered yet" in capsys.readouterr().out
+    assert len(exercises.keys(4)) == 3
+
+
+def _prose(path):
+    return "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                     if c.cell_type == "markdown")
+
+
+def test_over_90_percent_is_credited_to_both_techniques():
+    sentences = re.split(r"(?<=[.;])\s", _prose(LESSON).replace("\n", " "))
+    cited = [s for s in sentences if "90%" in s]
+    assert cited and all("sequence parallelism" in s for s in cited), cited
+
+
+def test_every_recompute_share_states_its_basis():
+    """A percentage of recompute cost is 'of a step's FLOPs' or 'of one forward'."""
+    text = _prose(LESSON).replace("\n", " ")
+    for m in re.finditer(r"\d+(\.\d+)?%", text):
+        around = text[max(0, m.start() - 160):m.end() + 160]
+        if "FLOP" in around or "recompute" in around:
+            assert ("of a step" in around or "of one forward" in around
+                    or "time" in around or "parameters" in around), around
