@@ -152,45 +152,107 @@ def budget_scatter(names, peak_bytes, cost, budget_bytes: int, fits=None, ax=Non
 # ------------------------------------------------------------------------------------------
 # Lessons 4-7 (the price, transformers and selective recomputation, optimal schedules,
 # combining techniques). Measured as bars or points, predicted as lines, recompute orange.
-def ratio_panels(panels: dict, title: str = "Cost of a step, as a multiple of a plain step"):
-    """Small multiples, one panel per machine: for each strategy a FLOPs bar (counted) and a
-    time bar (measured, hatched); the plain step's 1.0 in blue, what comes on top in orange.
+def ratio_panels(panels: dict, title: str = "Cost of a step, as a multiple of a plain step",
+                 kinds=("FLOPs", "time")):
+    """Small multiples, one panel per machine: for each strategy one bar per kind of ratio to a
+    plain step ("FLOPs" counted, "time" and "peak" measured, told apart by hatching); up to
+    the plain step's 1.0 in blue, what comes on top in recompute orange.
 
-    ``panels`` maps a panel title to {strategy: {"FLOPs": ratio, "time": ratio}}; an empty or
-    None panel (no committed GPU run) is left out.
+    ``panels`` maps a panel title to {strategy: {kind: ratio}}; an empty or None panel (no
+    committed GPU run) is left out.
     """
+    hatches = {"FLOPs": None, "time": "//", "peak": ".."}
     panels = {name: groups for name, groups in panels.items() if groups}
     if not panels:
         raise ValueError("ratio_panels needs at least one panel with ratios")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.3), sharey=True,
                              squeeze=False)
-    top = max(r for groups in panels.values() for g in groups.values() for r in g.values())
+    top = max(g[k] for groups in panels.values() for g in groups.values() for k in kinds if k in g)
     for ax, (name, groups) in zip(axes[0], panels.items()):
         ticks, labels, x = [], [], 0.0
         for group, ratios in groups.items():
-            for kind in ("FLOPs", "time"):
+            for kind in kinds:
                 if kind not in ratios:
                     continue
-                r, hatch = ratios[kind], "//" if kind == "time" else None
-                ax.bar(x, min(r, 1.0), color=PHASE_COLORS["forward"], width=0.8)
+                r, hatch = ratios[kind], hatches.get(kind)
+                edge = "white" if hatch else None
+                ax.bar(x, min(r, 1.0), color=PHASE_COLORS["forward"], width=0.8, hatch=hatch,
+                       edgecolor=edge)
                 if r > 1:
                     ax.bar(x, r - 1, bottom=1.0, color=PHASE_COLORS["recompute"], width=0.8,
-                           hatch=hatch, edgecolor="white" if hatch else None)
+                           hatch=hatch, edgecolor=edge)
                 ax.text(x, r + 0.02 * top, f"x{r:.2f}", ha="center", va="bottom", fontsize=8)
                 ticks.append(x)
                 labels.append(f"{group}\n{kind}")
                 x += 1
             x += 0.6
+        ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.set_xticks(ticks, labels, fontsize=8)
         ax.set_title(name, fontsize=10)
-        ax.set_ylim(0, top * 1.15)
+        ax.set_ylim(0, max(top, 1.0) * 1.15)
     axes[0][0].set_ylabel("x a plain step")
     handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["forward"]),
-               plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["recompute"]),
-               plt.Rectangle((0, 0), 1, 1, facecolor=PHASE_COLORS["recompute"], hatch="//",
-                             edgecolor="white")]
-    fig.legend(handles, ["a plain step", "added FLOPs (counted)", "added time (measured)"],
-               fontsize=8, loc="lower center", ncol=3, frameon=False)
+               plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["recompute"])]
+    names = ["up to a plain step", "on top of it (recompute)"]
+    for kind in kinds:
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="tab:gray", hatch=hatches.get(kind),
+                                     edgecolor="white"))
+        names.append({"FLOPs": "FLOPs (counted)"}.get(kind, f"{kind} (measured)"))
+    fig.legend(handles, names, fontsize=8, loc="lower center", ncol=len(names), frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def block_terms(runs: dict, highlight=(), title="What one block keeps for backward, term by term"):
+    """Small multiples, one panel per run (e.g. per sequence length): a horizontal bar per term
+    (measured), the formula's bytes as a black tick; `highlight`ed terms in recompute orange.
+
+    ``runs`` maps a panel title to (measured, predicted), two dicts term -> bytes.
+    """
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs) + 2.6, 4.6), sharey=True,
+                             squeeze=False)
+    top = max(max(m.values()) for m, _ in runs.values()) / MIB
+    for ax, (name, (measured, predicted)) in zip(axes[0], runs.items()):
+        names = list(predicted)[::-1]
+        y = range(len(names))
+        colors = [PHASE_COLORS["recompute" if n in highlight else "forward"] for n in names]
+        ax.barh(y, [measured.get(n, 0) / MIB for n in names], color=colors)
+        ax.plot([predicted[n] / MIB for n in names], y, "|", color="k", ms=12, mew=2)
+        total = sum(measured.values())
+        ax.set_title(f"{name}: {total / MIB:.2f} MiB", fontsize=10)
+        ax.set_xlabel("MiB")
+        ax.set_xlim(0, top * 1.1)
+        ax.set_yticks(list(y), names, fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["forward"]),
+               plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["recompute"]),
+               plt.Line2D([], [], ls="", marker="|", color="k", ms=10, mew=2)]
+    fig.legend(handles, ["kept (measured)", "kept, grows with s² (measured)", "formula"],
+               fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def attention_kinds(seqs, measured: dict, predicted: dict,
+                    title="Kept bytes of one block against sequence length"):
+    """Kept bytes against s for unfused ("manual") and fused ("sdpa") attention: measured as
+    points (hollow: the attention core checkpointed), the formulas as lines; the unfused
+    series in recompute orange (its s x s terms are what recomputation drops), fused in blue."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    colors = {"manual": PHASE_COLORS["recompute"], "sdpa": PHASE_COLORS["forward"]}
+    names = {"manual": "unfused", "sdpa": "fused (SDPA)"}
+    for impl, color in colors.items():
+        ax.plot(seqs, [p / MIB for p in predicted[impl]], "-", color=color,
+                label=f"{names[impl]}: formula")
+        ax.plot(seqs, [m / MIB for m in measured[impl]], "o", color=color,
+                label=f"{names[impl]}: measured")
+        ax.plot(seqs, [m / MIB for m in measured[f"{impl}, core checkpointed"]], "s",
+                color=color, mfc="none", ms=11 if impl == "manual" else 7,
+                label=f"{names[impl]}, core checkpointed")
+    ax.set(title=title, xlabel="sequence length s (tokens)", ylabel="kept after forward (MiB)")
+    ax.title.set_fontsize(9)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
     return fig

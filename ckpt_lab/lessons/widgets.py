@@ -270,12 +270,14 @@ class SeqExplorer(Explorer):
                           self.sliders["seq_len"].step))
         lin = [self.terms(s)[0] / MIB for s in grid]
         quad = [self.terms(s)[1] / MIB for s in grid]
-        ax.plot(grid, lin, "-", color="C2", label="predicted: linear (s b h) terms")
-        ax.plot(grid, quad, "-", color="C3", label="predicted: attention (a s² b) terms")
-        ax.plot(grid, [a + b for a, b in zip(lin, quad)], "-", color="C1",
+        # the course's palette: the kept s b h terms blue, the s^2 terms selective
+        # recomputation drops in recompute orange (plots.PHASE_COLORS)
+        ax.plot(grid, lin, "-", color="tab:blue", label="predicted: linear (s b h) terms")
+        ax.plot(grid, quad, "-", color="tab:orange", label="predicted: attention (a s² b) terms")
+        ax.plot(grid, [a + b for a, b in zip(lin, quad)], "-", color="k", lw=1,
                 label="predicted: total")
         pts = sorted(self.measured.items())
-        ax.plot([s for s, _ in pts], [b / MIB for _, b in pts], "o", color="C0",
+        ax.plot([s for s, _ in pts], [b / MIB for _, b in pts], "o", color="k",
                 label="measured (one block)")
         ax.axvline(r.seq, color="gray", ls=":")
         ax.set(title="Activation memory of one GPT block vs sequence length",
