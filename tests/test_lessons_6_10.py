@@ -1,5 +1,6 @@
-"""Lessons 6 and 10: the step model predicts every measured plan, and their exercises
-accept answers worked out independently (brute force, PyTorch) and reject wrong ones."""
+"""Lessons 6 and 10: the step model predicts every measured plan, and lesson 10's exercises
+accept answers worked out independently (brute force, PyTorch) and reject wrong ones (lesson
+6's are in tests/test_exercises_06.py)."""
 import itertools
 
 import pytest
@@ -50,40 +51,10 @@ def test_backward_work_counts_the_gradients_of_a_linear():
     assert last == expected - 16 * 32 * 4 + 4 + 4
 
 
-def _brute_force_min_recompute(act, out, budget):
-    best = None
-    for plan in _all_plans(len(act)):
-        ends = plan[1:] + [len(act)]
-        kept, peak = 0, 0
-        for a, b in zip(plan, ends):
-            peak = max(peak, kept + sum(act[a:b]))
-            kept += 0 if a == 0 else out[a - 1]
-        if peak <= budget:
-            best = plan[-1] if best is None else min(best, plan[-1])
-    return best
-
-
 def _brute_force_least_budget(act, out):
     return min(max(sum(out[a - 1] for a in plan[:j] if a) + sum(act[a:b])
                    for j, (a, b) in enumerate(zip(plan, plan[1:] + [len(act)])))
                for plan in _all_plans(len(act)))
-
-
-def _bisect(n):
-    """(peak units, recomputed layers) of recursive bisection, written out independently."""
-    if n == 1:
-        return 1, 0
-    h = n // 2
-    (m1, r1), (m2, r2) = _bisect(h), _bisect(n - h)
-    return max(1 + m2, m1), r1 + r2 + h
-
-
-def _measured_plan_for_budget():
-    """The fitting plan of least recompute, found by measuring plans in order of last start."""
-    layers, x, budget = exercises.lesson06.budget_chain()
-    for plan in sorted(_all_plans(len(layers)), key=lambda p: p[-1]):
-        if widgets.measure_plan_peak(layers, x, plan) <= budget:
-            return plan
 
 
 def _rng_by_torch():
@@ -102,16 +73,13 @@ def _rng_by_torch():
 
 A, O = exercises.lesson06.SHRINKING_ACT, exercises.lesson06.SHRINKING_OUT
 RIGHT_WRONG = {
-    "06.plan_recompute": (_brute_force_min_recompute(A, O, 14), len(A)),
-    "06.plan_for_budget": (_measured_plan_for_budget(), [0]),
-    "06.bisection_peak": (_bisect(64)[0], 15),
     "10.minimum_budget": (_brute_force_least_budget(A, O), sum(A)),
     "10.rng_replay": (_rng_by_torch(), not _rng_by_torch()),
 }
 
 
-def test_lessons_6_and_10_exercises_are_all_covered():
-    assert set(RIGHT_WRONG) == set(exercises.keys(6)) | set(exercises.keys(10))
+def test_lesson_10_exercises_are_all_covered():
+    assert set(RIGHT_WRONG) == set(exercises.keys(10))
 
 
 @pytest.mark.parametrize("key", sorted(RIGHT_WRONG))

@@ -34,7 +34,7 @@ LESSONS = {
     "03_segments_and_sqrt_l": "Segments and sqrt(L)",
     "04_the_price": "What does recomputation cost, in FLOPs and in time?",
     "05_transformers_selective": "Which activations grow with the sequence, and is recomputing only those worth it?",
-    "06_optimal_schedules": "Optimal schedules: the planner, the Pareto front, recursion",
+    "06_optimal_schedules": "Where should the checkpoints go when the layers are not alike?",
     "07_combining_techniques": "Combining checkpointing, accumulation, mixed precision, offload",
     "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
     "09_checking_the_claims": "Checking the claims of the source articles",

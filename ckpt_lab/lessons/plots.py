@@ -256,3 +256,97 @@ def attention_kinds(seqs, measured: dict, predicted: dict,
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
+
+
+def plan_scatter(uniform, planned, front, total_cost: float,
+                 title="Step peak against recompute: uniform segments and the planner's plans"):
+    """Measured step peak (MiB) against the share of the forward re-run: uniform plans hollow,
+    the planner's filled, each pair joined; the predicted Pareto front as an orange step line.
+
+    ``uniform`` and ``planned`` are lists of (peak_bytes, recompute_cost) in the same order;
+    ``front`` is `planner.pareto_front(...)`; costs are divided by ``total_cost``.
+    """
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.step([p.peak_bytes / MIB for p in front], [100 * p.recompute_cost / total_cost for p in front],
+            where="post", color=PHASE_COLORS["recompute"], label="Pareto front (step model)")
+    for (pu, cu), (pp, cp) in zip(uniform, planned):
+        ax.annotate("", (pp / MIB, 100 * cp / total_cost), (pu / MIB, 100 * cu / total_cost),
+                    arrowprops=dict(arrowstyle="->", color="tab:gray", lw=0.8))
+    ax.plot([p / MIB for p, _ in uniform], [100 * c / total_cost for _, c in uniform], "o",
+            color="k", mfc="none", ms=8, label="uniform segments (measured)")
+    ax.plot([p / MIB for p, _ in planned], [100 * c / total_cost for _, c in planned], "o",
+            color=PHASE_COLORS["forward"], label="planner's plan within that peak (measured)")
+    ax.set(title=title, xlabel="step peak (MiB)", ylabel="forward re-run (% of FLOPs)")
+    ax.title.set_fontsize(10)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def layer_profile(profile, flops, title="What each layer keeps, passes on and needs in backward"):
+    """Per layer of a chain (a `profile_layers` result): kept, passed-on and backward-work
+    bytes as bars (measured), and its forward FLOPs below."""
+    fig, (a, b) = plt.subplots(2, 1, figsize=(8, 4.4), sharex=True,
+                               gridspec_kw={"height_ratios": (2, 1)})
+    x = range(len(profile))
+    w = 0.28
+    a.bar([i - w for i in x], [p.act_bytes / MIB for p in profile], w,
+          color=PHASE_COLORS["forward"], label="keeps for backward")
+    a.bar(list(x), [p.out_bytes / MIB for p in profile], w, color="tab:gray", label="passes on")
+    a.bar([i + w for i in x], [p.work_bytes / MIB for p in profile], w,
+          color=PHASE_COLORS["backward"], label="backward's working memory")
+    a.set(ylabel="MiB (measured)", title=title)
+    a.title.set_fontsize(10)
+    a.legend(fontsize=8)
+    b.bar(list(x), [f / 1e6 for f in flops], 0.6, color="tab:gray")
+    b.set(ylabel="MFLOP", xlabel="layer")
+    b.set_xticks(list(x))
+    fig.tight_layout()
+    return fig
+
+
+def model_parity(measured, models: dict, title="Each plan's measured step peak against two models"):
+    """Measured peak (x) against each model's prediction (y), one marker per model, with the
+    diagonal where a model is exact; points below it are read low."""
+    fig, ax = plt.subplots(figsize=(5.2, 4))
+    top = max(max(measured), *(max(v) for v in models.values())) / MIB * 1.05
+    ax.plot([0, top], [0, top], "-", color="k", lw=0.8, label="model = measured")
+    for (name, predicted), marker in zip(models.items(), ("o", "s", "^", "D")):
+        ax.plot([m / MIB for m in measured], [p / MIB for p in predicted], marker, mfc="none",
+                ms=7, label=name)
+    ax.set(title=title, xlabel="measured step peak (MiB)", ylabel="model's peak (MiB)",
+           xlim=(0, top), ylim=(0, top))
+    ax.title.set_fontsize(10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def depth_panels(depths, peaks: dict, predicted, forwards: dict, predicted_forwards,
+                 title="Recursive bisection against segments, as the chain deepens"):
+    """Left: step peak in units of one activation against depth (measured as points, one
+    series per scheme; bisection's model as a dashed line). Right: layer forwards per layer
+    and step (points, labelled as given; 1 + log2(L)/2 as a line). Depth on a log2 axis."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for (name, values), marker in zip(peaks.items(), ("o", "s", "^")):
+        a.plot(depths, values, marker + "-", color="k" if marker != "^" else
+               PHASE_COLORS["forward"], mfc="none" if marker != "^" else None,
+               label=f"{name} (measured)")
+    a.plot(depths, predicted, "--", color=PHASE_COLORS["recompute"],
+           label="bisection_cost + gradient in flight")
+    a.set(title="step peak", xlabel="layers L", ylabel="units of one activation")
+    for (name, values), marker in zip(forwards.items(), ("^", "s")):
+        b.plot(depths, values, marker, color="k" if marker == "s" else PHASE_COLORS["forward"],
+               mfc="none" if marker == "s" else None, label=name)
+    b.plot(depths, predicted_forwards, "-", color=PHASE_COLORS["recompute"],
+           label="1 + log2(L) / 2 (predicted)")
+    b.set(title="layer forwards per layer, one step", xlabel="layers L", ylabel="forwards / L")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

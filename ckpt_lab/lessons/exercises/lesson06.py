@@ -1,105 +1,194 @@
-"""Exercises of lesson 6: Optimal schedules."""
+"""Predictions of lesson 6 (where checkpoints go when the layers are not alike).
+
+Each right answer is measured when it is needed, on the lesson's chain at its CPU sizes
+(`stage_net`): a 13-layer convolutional net whose stages halve the image and double the
+channels, profiled with `profile_layers`, its forward FLOPs the cost of re-running a layer.
+"""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab import formulas
+from .base import Exercise, _name_set, _number
 
-from .base import Exercise, _close, _number
-
-SHRINKING_ACT = [4, 4, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1]    # units: a net whose resolution halves
+MIB = 2 ** 20
+# A hand-made chain in units whose resolution halves (lesson 10's exercise 10.minimum_budget).
+SHRINKING_ACT = [4, 4, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1]
 SHRINKING_OUT = [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]
+# Exercise 06.which_fit: three plans for the CPU-sized net and a budget for their step peak.
+FIT_PLANS = {"A": [0, 2, 4, 6, 8, 10], "B": [0, 1, 3], "C": [0, 2, 4]}
+FIT_BUDGET = int(1.75 * MIB)
+BISECT_WIDTH, BISECT_TOKENS, BISECT_DEPTHS = 64, 256, (8, 16, 32)
 
 
-def _plan_recompute(answer):
-    from ckpt_lab.planner import optimal_segments
-    plan = optimal_segments(SHRINKING_ACT, SHRINKING_OUT, [1] * len(SHRINKING_ACT), 14)
-    value = _number(answer)
-    if value == plan.recompute_cost:
-        return True, (f"{plan.recompute_cost:g} layers: plan {plan.boundaries} (peak "
-                      f"{plan.peak_bytes} units) re-runs everything before its last segment.")
-    return False, ("Too many: the last segment is not re-run, so make it as long as the budget "
-                   "allows (the small layers at the end are cheap to keep)."
-                   if value > plan.recompute_cost else
-                   "Too few: with the last segment that long, some earlier segment no longer "
-                   "fits; try planner.optimal_segments(act, out, [1] * 12, 14).")
+def conv(c_in: int, c_out: int, stride: int = 1) -> nn.Module:
+    """Conv 3x3 (no bias), BatchNorm, ReLU."""
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(c_out), nn.ReLU())
 
 
-def budget_chain():
-    """Lesson 6, exercise 2: eight Linear -> GELU layers of unequal width, their input, and a
-    budget for one step's peak (bytes, as track_memory counts them)."""
+def _stage_net(channels: int, per_stage: int, batch: int, image: int, device):
     torch.manual_seed(0)
-    widths = [64, 512, 64, 384, 32, 512, 64, 256, 16]
-    layers = [nn.Sequential(nn.Linear(a, b), nn.GELU()) for a, b in zip(widths, widths[1:])]
-    x = torch.randn(128, 64)
-    return layers, x, int(0.55 * _step_peak(layers, x, [0]))
+    layers = [conv(3, channels)] + [conv(channels, channels) for _ in range(per_stage - 1)]
+    for stage in range(1, 4):
+        c = channels * 2 ** stage
+        layers += [conv(c // 2, c, stride=2)] + [conv(c, c) for _ in range(per_stage - 1)]
+    layers += [nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * channels, 10))]
+    layers = [layer.to(device) for layer in layers]
+    return layers, torch.randn(batch, 3, image, image, device=device)
 
 
-def _step_peak(layers, x, starts) -> int:
-    """Measured peak of checkpoint_sequential + .float().sum().backward(), grads allocated."""
-    from ckpt_lab.checkpoint import checkpoint_sequential
-    from ckpt_lab.memory import track_memory
-    for layer in layers:
-        for p in layer.parameters():
-            p.grad = torch.zeros_like(p)
-    with track_memory() as mem:
-        checkpoint_sequential(layers, x, boundaries=starts).float().sum().backward()
-    return mem.peak_bytes
+def forward_flops(layers, x) -> list[int]:
+    """Each layer's forward FLOPs, counted by PyTorch."""
+    flops, h = [], x
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        for layer in layers:
+            before = counter.get_total_flops()
+            h = layer(h)
+            flops.append(counter.get_total_flops() - before)
+    return flops
 
 
-def _plan_for_budget(answer):
-    from ckpt_lab.checkpoint import segment_starts
-    from ckpt_lab.planner import optimal_segments
+@functools.lru_cache(maxsize=4)
+def stage_net(channels: int = 8, per_stage: int = 3, batch: int = 8, image: int = 32,
+              device: str = "cpu"):
+    """The lesson's chain, its input and its profile: four stages of `per_stage` conv layers
+    (each stage halves the image and doubles the channels), then a pooled linear head,
+    profiled by `profile_layers` with each layer's forward FLOPs as its cost (per-layer
+    timings jitter on a shared CPU). Built once per size: the lesson and the checks of its
+    predictions share it (`widgets.measure_plan_peak` leaves it as it found it)."""
     from ckpt_lab.profile import profile_layers
-    layers, x, budget = budget_chain()
-    if not isinstance(answer, (list, tuple)) or not all(
-            isinstance(b, int) and not isinstance(b, bool) for b in answer):
-        return False, "Answer a list of segment starts (layer indices), e.g. [0, 2, 5]."
-    try:
-        starts = segment_starts(len(layers), boundaries=list(answer))
-    except ValueError as e:
-        return False, str(e)
-    measured = _step_peak(layers, x, starts)
-    profile = [dataclasses.replace(p, forward_seconds=1.0)
-               for p in profile_layers(layers, x, repeats=1)]
-    best = optimal_segments(profile, budget)
-    if measured > budget:
-        return False, (f"{starts} measures {measured:,} bytes, over the budget of {budget:,}. "
-                       "Predict before you run: planner.step_peak_bytes(starts, profile) tells "
-                       "you which segment peaks; cut the wide layers finer or start the last "
-                       "segment later.")
-    if starts[-1] > best.boundaries[-1]:
-        return False, (f"{starts} fits ({measured:,} of {budget:,} bytes) but recomputes "
-                       f"{starts[-1]} layers; a plan that fits recomputes fewer. The last "
-                       "segment is never recomputed: start it as early as the budget allows.")
-    return True, (f"{starts} measures {measured:,} of {budget:,} bytes and recomputes "
-                  f"{starts[-1]} layers, the fewest any plan that fits can.")
+    layers, x = _stage_net(channels, per_stage, batch, image, torch.device(device))
+    profile = [dataclasses.replace(p, forward_seconds=f)
+               for p, f in zip(profile_layers(layers, x, repeats=1), forward_flops(layers, x))]
+    return layers, x, profile
 
 
-def _bisection_peak(answer):
-    expected = formulas.bisection_cost(64, 1, 1).peak_bytes
-    return _close(answer, expected, 1e-9,
-                  "Too few: every level of the recursion keeps one input while the one "
-                  "layer at the bottom keeps its activations: M(n) = max(1 + M(n - n//2), M(n//2)).",
-                  "Too many: recursive bisection keeps one input per level, log2(64) levels, "
-                  "plus one layer: far less than sqrt segments' 15.")
+def planner_saving() -> float:
+    """On the CPU-sized net: the most recompute the planner saves against uniform segments
+    (k = 1..8) within the uniform plan's step peak (the step model, which the lesson checks
+    against the measured peak of every plan), as a fraction."""
+    from ckpt_lab import planner
+    layers, x, profile = stage_net()
+    saved = []
+    for k in range(1, 9):
+        uniform = planner.evaluate_plan(planner.uniform_plan(len(layers), k), profile)
+        if uniform.recompute_cost:
+            best = planner.optimal_segments(profile, uniform.peak_bytes)
+            saved.append(1 - best.recompute_cost / uniform.recompute_cost)
+    return max(saved)
+
+
+def _planner_saving(answer):
+    value, expected = _number(answer), planner_saving()
+    if abs(value - expected) <= 0.1:
+        return True, (f"{expected:.0%} less, at best: the planner cuts the big first stage "
+                      "finely, where an input is cheap to keep and quick to re-run, and leaves the "
+                      "small last stages in one long last segment, which is never re-run.")
+    if value < expected:
+        return False, (f"Measured: up to {expected:.0%} less. Uniform segments cannot tell a "
+                       "boundary in the big first stage from one in the small last stage; the "
+                       "planner keeps the last segment as long as memory allows.")
+    return False, (f"Measured: up to {expected:.0%} less. At the same peak something must still "
+                   "be re-run: every layer before the last segment's start.")
+
+
+def fit_question() -> dict:
+    """The plans of exercise 06.which_fit, each with lesson 3's activation-model peak."""
+    from ckpt_lab import planner
+    _, _, profile = stage_net()
+    act = [p.act_bytes for p in profile]
+    out = [p.out_bytes for p in profile]
+    cost = [p.forward_seconds for p in profile]
+    return {name: planner.evaluate_plan(plan, act, out, cost).peak_bytes
+            for name, plan in FIT_PLANS.items()}
+
+
+def measured_fit_peaks() -> dict:
+    """Measured step peak of each plan of exercise 06.which_fit."""
+    from ckpt_lab.lessons.widgets import measure_plan_peak
+    layers, x, _ = stage_net()
+    return {name: measure_plan_peak(layers, x, plan) for name, plan in FIT_PLANS.items()}
+
+
+def which_fit() -> set:
+    """Measured: the plans of exercise 06.which_fit whose step peak fits the budget."""
+    return {name for name, peak in measured_fit_peaks().items() if peak <= FIT_BUDGET}
+
+
+def _which_fit(answer):
+    given, why = _name_set(answer, FIT_PLANS, "plan names")
+    if why:
+        return False, why
+    peaks = measured_fit_peaks()
+    shown = ", ".join(f"{n} {p / MIB:.2f} MiB" for n, p in peaks.items())
+    expected = {n for n, p in peaks.items() if p <= FIT_BUDGET}
+    if given == expected:
+        return True, (f"{sorted(expected)}. Measured: {shown}, budget {FIT_BUDGET / MIB:.2f} MiB. "
+                      "The activation model said all three fit; it leaves out each segment's own "
+                      "input and backward's working memory.")
+    missing, extra = sorted(expected - given), sorted(given - expected)
+    if extra:
+        return False, (f"{extra} measure over the budget ({shown}). The activation model is "
+                       "always low: it counts neither a segment's input nor the gradients and "
+                       "temporaries of backward. Check with planner.step_peak_bytes(plan, profile).")
+    return False, (f"{missing} fit too ({shown}): a plan with many short segments keeps more "
+                   "inputs, but each segment's backward is small.")
+
+
+def bisection_growth() -> float:
+    """Measured: how many units (one block's activation) the recursive-bisection step peak
+    grows when a chain of identical MLPBlocks doubles from 16 to 32 blocks."""
+    from ckpt_lab import checkpoint_recursive
+    from ckpt_lab.lessons.widgets import measure_plan_peak
+    from ckpt_lab.models import MLPBlock
+
+    class Bisected(nn.Module):
+        def __init__(self, chain):
+            super().__init__()
+            self.chain = chain
+
+        def forward(self, t):
+            return checkpoint_recursive(self.chain, t)
+
+    x = torch.randn(BISECT_TOKENS, BISECT_WIDTH, requires_grad=True)
+    unit = x.numel() * x.element_size()
+    peaks = []
+    for depth in BISECT_DEPTHS[-2:]:
+        torch.manual_seed(0)
+        chain = nn.Sequential(*[MLPBlock(BISECT_WIDTH) for _ in range(depth)])
+        peaks.append(measure_plan_peak([Bisected(chain)], x, [0]))
+    return (peaks[1] - peaks[0]) / unit
+
+
+def _bisection_growth(answer):
+    value, expected = _number(answer), bisection_growth()
+    if abs(value - expected) <= 0.25:
+        return True, (f"{expected:g} unit: one more level of recursion, so one more kept input; "
+                      "memory grows as log2(L).")
+    if value > expected:
+        return False, (f"Measured {expected:g}. Segments grow like sqrt(L) and no checkpoint like "
+                       "L; bisection keeps one input per level of recursion, and doubling adds "
+                       "one level.")
+    return False, (f"Measured {expected:g}: a deeper recursion keeps one more input while its "
+                   "deepest level runs.")
 
 
 EXERCISES = [
-    Exercise("06.plan_recompute", "A chain of 12 layers keeping [4, 4, 4, 4, 2, 2, 2, 2, 1, 1, "
-             "1, 1] units with outputs [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1] units, each costing 1 "
-             "to run: under a budget of 14 units, how many layer forwards does the cheapest plan "
-             "recompute?",
-             _plan_recompute),
-    Exercise("06.plan_for_budget", "The chain of exercises.lesson06.budget_chain() (eight Linear -> "
-             "GELU layers of unequal width, its input and a budget): choose segment starts so "
-             "that one step (checkpoint_sequential + .float().sum().backward()) measures within "
-             "the budget while recomputing as few layers as possible. Predict with "
-             "planner.step_peak_bytes first; the check measures.", _plan_for_budget),
-    Exercise("06.bisection_peak", "64 identical layers, each keeping 1 unit, a kept input 1 "
-             "unit: the peak of recursive bisection, in units (formulas.bisection_cost's model)?",
-             _bisection_peak),
+    Exercise("06.planner_saving", "The lesson's 13-layer net at its CPU sizes: at the step peak "
+             "uniform segments (k = 1..8) measure, the planner's cheapest plan re-runs how much "
+             "less of the forward, at best (a fraction, 0 to 1)?", _planner_saving,
+             expected=planner_saving),
+    Exercise("06.which_fit", "The 13-layer net at its CPU sizes, plans "
+             + ", ".join(f"{n} = {p}" for n, p in FIT_PLANS.items())
+             + f": lesson 3's activation model puts all three under a {FIT_BUDGET / MIB:.2f} MiB "
+             "budget. Which fit when one training step is measured? Give a set of names.",
+             _which_fit, expected=which_fit),
+    Exercise("06.bisection_growth", "Recursive bisection of identical MLPBlocks: doubling the "
+             "depth from 16 to 32 blocks raises the step peak by how many units (one block's "
+             "activation)?", _bisection_growth, expected=bisection_growth),
 ]
