@@ -1,5 +1,5 @@
-"""Exercise checks and figure helpers added for lessons 7 (combining techniques) and 8
-(capacity and out-of-memory fallback): right answers pass, wrong ones fail with a hint."""
+"""Exercise checks and figure helpers added for lesson 8 (capacity and out-of-memory fallback):
+right answers pass, wrong ones fail with a hint (lesson 7's are in tests/test_exercises_07.py)."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -10,45 +10,10 @@ import torch
 from ckpt_lab import capacity, formulas
 from ckpt_lab.lessons import exercises, plots
 from ckpt_lab.fallback import StepConfig, run_with_fallback
-from ckpt_lab.models import GPTConfig, build_model
-from ckpt_lab.offload import PCIE4_X16_BYTES_PER_S
 
 
 def _judge(key, answer):
     return exercises.EXERCISES[key].judge(answer)[0]
-
-
-def test_accumulation_flops_ratio_is_measured_as_one():
-    assert exercises.lesson07.accumulation_flops_ratio(4) == 1.0
-    assert _judge("07.accumulation_flops", 1.0)
-    assert not _judge("07.accumulation_flops", 4.0)
-    assert not _judge("07.accumulation_flops", 0.25)
-
-
-def test_accumulation_peak_matches_a_measured_micro_batch():
-    """The expected answer (the formula at batch 2) is what a batch-2 step of that GPT peaks at."""
-    cfg = GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.1)
-    model = build_model(cfg)
-    layers = formulas.gpt_layers(2, 64, 4, 128, 4, 256, 4, True)
-    expected = formulas.chain_peak_bytes(layers, model.segments(), 2 * 64, 256, 4)
-    x = torch.randint(0, 256, (2, 64))
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    from ckpt_lab import track_memory
-    with track_memory() as mem:
-        model(x, x).backward()
-    assert 0.98 <= mem.peak_bytes / expected <= 1.03
-    assert _judge("07.accumulation_peak", expected)
-    full = formulas.chain_peak_bytes(formulas.gpt_layers(8, 64, 4, 128, 4, 256, 4, True),
-                                     model.segments(), 8 * 64, 256, 4)
-    assert not _judge("07.accumulation_peak", full)
-
-
-def test_offload_seconds_counts_both_directions():
-    one_way = 6 * 2 ** 30 / PCIE4_X16_BYTES_PER_S
-    assert _judge("07.offload_seconds", 2 * one_way)
-    assert not _judge("07.offload_seconds", one_way)
-    assert not _judge("07.offload_seconds", 2 * 6e9 / PCIE4_X16_BYTES_PER_S * 1.1)
 
 
 def test_fused_block_prediction_is_the_formula_and_the_measurement():
@@ -108,10 +73,10 @@ def test_fallback_rungs_agrees_with_a_real_step_under_a_simulated_limit():
 
 
 def test_unanswered_and_non_numbers():
-    for key in exercises.keys(7) + exercises.keys(8):
+    for key in exercises.keys(8):
         assert exercises.check(key, None) is False
         assert exercises.check(key, "a string") is False
-    assert len(exercises.keys(7)) == 3 and len(exercises.keys(8)) == 3
+    assert len(exercises.keys(8)) == 3
 
 
 def test_budget_scatter_fills_fitting_points_and_draws_the_budget():

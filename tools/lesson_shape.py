@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import nbformat
 
 # Lessons already in the lesson form; the conftest holds each of them to every rule.
-SHAPED: set[str] = {"04_the_price", "05_transformers_selective", "06_optimal_schedules"}
+SHAPED: set[str] = {"04_the_price", "05_transformers_selective", "06_optimal_schedules",
+                     "07_combining_techniques"}
 
 MAX_PROSE_WORDS = 180
 MAX_TEXT_LINES = 45

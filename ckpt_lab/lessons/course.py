@@ -35,7 +35,7 @@ LESSONS = {
     "04_the_price": "What does recomputation cost, in FLOPs and in time?",
     "05_transformers_selective": "Which activations grow with the sequence, and is recomputing only those worth it?",
     "06_optimal_schedules": "Where should the checkpoints go when the layers are not alike?",
-    "07_combining_techniques": "Combining checkpointing, accumulation, mixed precision, offload",
+    "07_combining_techniques": "Which mix of checkpointing, accumulation, bf16 and offload fits your budget at the least cost?",
     "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
     "09_checking_the_claims": "Checking the claims of the source articles",
     "10_your_own_model": "Your own model: profile, plan, apply, verify",

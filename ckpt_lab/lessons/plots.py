@@ -350,3 +350,59 @@ def depth_panels(depths, peaks: dict, predicted, forwards: dict, predicted_forwa
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def technique_bars(measured: dict, predicted: dict | None = None,
+                   title="One step's peak under each technique"):
+    """One bar per technique (measured peak, MiB) with its ratio to the first bar; the
+    formula's peak as a black tick where one is given."""
+    predicted = predicted or {}
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    names = list(measured)
+    base = measured[names[0]]
+    ax.bar(names, [measured[n] / MIB for n in names], color=PHASE_COLORS["forward"], width=0.6,
+           label="step peak (measured)")
+    ticks = [(i, predicted[n] / MIB) for i, n in enumerate(names) if n in predicted]
+    if ticks:
+        ax.plot(*zip(*ticks), "_", color="k", ms=40, mew=2, label="formula")
+    for i, n in enumerate(names):
+        ax.text(i, measured[n] / MIB, f"x{measured[n] / base:.2f}", ha="center", va="bottom",
+                fontsize=8)
+    ax.set(title=title, ylabel="MiB")
+    ax.title.set_fontsize(10)
+    ax.set_ylim(0, max(measured.values()) / MIB * 1.15)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def combination_grid(rows: list, budget_bytes: int,
+                     title="Which combination fits the budget, and at what recompute"):
+    """Small multiples, one panel per micro-batch count: measured peak (MiB) against recompute
+    (% of a step's FLOPs); colour = checkpoint policy, marker = precision, filled = fits; the
+    budget as a dashed line. Each row: dict(policy, k, precision, peak, recompute_share)."""
+    ks = sorted({r["k"] for r in rows})
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    colors = dict(zip(policies, RUN_COLORS[:1] + ("tab:brown", PHASE_COLORS["recompute"])))
+    markers = {"fp32": "o", "bf16": "s"}
+    fig, axes = plt.subplots(1, len(ks), figsize=(3.6 * len(ks), 3.4), sharey=True, squeeze=False)
+    top = max(r["peak"] for r in rows) / MIB * 1.1
+    for ax, k in zip(axes[0], ks):
+        for r in (r for r in rows if r["k"] == k):
+            fits = r["peak"] <= budget_bytes
+            ax.plot([100 * r["recompute_share"]], [r["peak"] / MIB], markers[r["precision"]],
+                    color=colors[r["policy"]], mfc=colors[r["policy"]] if fits else "none", ms=8)
+        ax.axhline(budget_bytes / MIB, color="k", ls="--", lw=1)
+        ax.set(title=f"{k} micro-batch{'es' if k > 1 else ''}", xlabel="recompute, % of a step's FLOPs",
+               ylim=(0, top))
+    axes[0][0].set_ylabel("step peak, measured (MiB)")
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c) for c in colors.values()]
+    handles += [plt.Line2D([], [], ls="", marker=m, color="tab:gray", mfc="none")
+                for m in markers.values()]
+    handles.append(plt.Line2D([], [], ls="--", color="k"))
+    fig.legend(handles, [f"checkpoint: {p}" for p in colors] + list(markers) + ["budget"],
+               fontsize=8, loc="lower center", ncol=len(handles), frameon=False)
+    fig.suptitle(title + " (filled: fits)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

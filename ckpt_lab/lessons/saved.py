@@ -116,3 +116,28 @@ def mapping_table(ours: dict[str, int], paper: dict[str, int], sbh: int, as_h: f
     rows.append(f"| **Megatron, in all** | **{linear:g} + {quad:g} · as/h** | | |")
     return "\n".join(rows)
 
+
+
+_VIEWS = ("TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
+          "ExpandBackward0", "UnsafeViewBackward0")
+
+
+def _kind(t: torch.Tensor) -> str:
+    """'bf16 copy of a weight' when autocast cast t from a parameter, else 'activation, <dtype>'."""
+    fn = t.grad_fn
+    while fn is not None and type(fn).__name__ in _VIEWS:
+        fn = fn.next_functions[0][0]
+    if fn is not None and type(fn).__name__ == "ToCopyBackward0" \
+            and type(fn.next_functions[0][0]).__name__ == "AccumulateGrad":
+        return f"{str(t.dtype).replace('torch.', '')} copy of a weight"
+    return f"activation, {str(t.dtype).replace('torch.', '')}"
+
+
+def by_kind(saved: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> dict:
+    """Bytes of the distinct saved storages by kind: activations by dtype, and the low-precision
+    copies of weights that autocast makes for its matmuls (and autograd keeps)."""
+    out: dict[str, int] = {}
+    for t in distinct(saved, exclude):
+        kind = _kind(t)
+        out[kind] = out.get(kind, 0) + t.untyped_storage().nbytes()
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

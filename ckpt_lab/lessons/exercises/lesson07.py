@@ -1,73 +1,133 @@
-"""Exercises of lesson 7: Combining techniques."""
+"""Predictions of lesson 7 (combining checkpointing, accumulation, bf16 and offload).
+
+Each right answer is measured when it is needed, on the lesson's GPT at its CPU sizes (the
+gpt-cpu shape: 4 blocks, C = 128, 4 heads, T = 64, batch 4, dropout off): peaks with
+`track_memory`, the parameter gradients allocated beforehand; FLOPs with `FlopCounterMode`.
+"""
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab import formulas
+from ckpt_lab.memory import track_memory
+from ckpt_lab.models import build_model, get_config
 
-from .base import GIB, Exercise, _close
+from .base import Exercise, _number
 
-
-def _accumulation_peak(answer):
-    def peak(batch):
-        layers = formulas.gpt_layers(batch, 64, 4, 128, 4, 256, 4, True)
-        spans = [(0, len(layers), False)]
-        return formulas.chain_peak_bytes(layers, spans, batch * 64, 256, 4)
-    expected = peak(2)
-    return _close(answer, expected, 0.01,
-                  "Too few: accumulation runs micro-batches of 8 // 4 = 2 rows one after the "
-                  "other; the peak is that of one micro-batch of 2, not less.",
-                  f"Too many: only one micro-batch's activations are alive at a time; compute "
-                  f"formulas.chain_peak_bytes for batch 2 (the full batch of 8 peaks at "
-                  f"{peak(8):,} bytes).")
+BATCH, SEQ, LAYERS, HIDDEN, HEADS = 4, 64, 4, 128, 4
+ORDER = ("below", "equal", "above")
 
 
-def _offload_seconds(answer):
-    from ckpt_lab.offload import PCIE4_X16_BYTES_PER_S, OffloadStats
-    moved = 6 * GIB
-    expected = OffloadStats(0, PCIE4_X16_BYTES_PER_S, bytes_offloaded=moved,
-                            bytes_restored=moved).transfer_seconds
-    return _close(answer, expected, 0.02,
-                  "Too short: the bytes cross PCIe twice, to the host in forward and back in "
-                  "backward; 6 GiB is 6 * 2**30 bytes.",
-                  "Too long: 25 GB/s is 25e9 bytes per second; count each direction once.")
+@functools.lru_cache(maxsize=1)
+def _batch():
+    from ckpt_lab.data import TextBatches, load_corpus
+    return TextBatches(load_corpus(), BATCH, SEQ).get(0)
+
+
+def _model(policy: str = "none"):
+    cfg = get_config("gpt-cpu", block_size=SEQ, n_layer=LAYERS, n_embd=HIDDEN, n_head=HEADS,
+                     dropout=0.0)
+    return build_model(cfg, policy=policy, impl="torch")
+
+
+def _steps(model, micro_batches: int, precision: str):
+    x, y = _batch()
+    for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+        with torch.autocast("cpu", torch.bfloat16) if precision == "bf16" \
+                else contextlib.nullcontext():
+            loss = model(xm, ym) / micro_batches
+        loss.backward()
+
+
+def step_peak(policy: str = "none", micro_batches: int = 1, precision: str = "fp32") -> int:
+    """Measured peak of one step of the lesson's CPU GPT (parameter gradients allocated)."""
+    model = _model(policy)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with track_memory() as mem:
+        _steps(model, micro_batches, precision)
+    return mem.peak_bytes
+
+
+def autocast_ratio() -> float:
+    """Measured: a bf16-autocast step's peak over the fp32 step's."""
+    return step_peak(precision="bf16") / step_peak()
+
+
+def _autocast(answer):
+    value, expected = _number(answer), autocast_ratio()
+    if abs(value - expected) <= 0.07:
+        return True, (f"x{expected:.2f}: not x0.5. Autocast keeps the weights in fp32 and makes "
+                      "a bf16 copy of each for its matmuls, which autograd keeps; the layer "
+                      "norms, softmax and loss still work in fp32.")
+    if value < expected:
+        return False, (f"Measured x{expected:.2f}. Only some tensors become bf16: autocast runs "
+                       "matmuls in bf16 but layer norms, softmax and the loss in fp32, and keeps "
+                       "a bf16 copy of every weight it multiplies by.")
+    return False, (f"Measured x{expected:.2f}: the matmul outputs, most of the activations, "
+                   "are stored in 2 bytes instead of 4.")
 
 
 def accumulation_flops_ratio(micro_batches: int = 4) -> float:
     """Measured: FLOPs of a step split into `micro_batches` over FLOPs of the whole batch."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from ckpt_lab.models import GPTConfig, build_model
-    model = build_model(GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (8, 16), generator=g)
-    y = torch.randint(0, 256, (8, 16), generator=g)
+    model = _model()
     counts = []
     for k in (1, micro_batches):
-        with FlopCounterMode(display=False) as fc:
-            for xm, ym in zip(x.chunk(k), y.chunk(k)):
-                (model(xm, ym) / k).backward()
-        counts.append(fc.get_total_flops())
+        with FlopCounterMode(display=False) as counter:
+            _steps(model, k, "fp32")
+        counts.append(counter.get_total_flops())
     return counts[1] / counts[0]
 
 
 def _accumulation_flops(answer):
-    expected = accumulation_flops_ratio(4)
-    return _close(answer, expected, 0.01,
-                  "Too small: every row of the batch still goes through the whole forward and "
-                  "backward once.",
-                  "Too large: accumulation recomputes nothing; it runs the same rows in four "
-                  "smaller pieces.")
+    value, expected = _number(answer), accumulation_flops_ratio(4)
+    if abs(value - expected) <= 0.01:
+        return True, (f"x{expected:g}: accumulation re-runs nothing; every row goes through one "
+                      "forward and one backward, in four smaller pieces.")
+    if value < expected:
+        return False, ("Every row of the batch still goes through the whole forward and "
+                       "backward once: the arithmetic is the same.")
+    return False, ("Accumulation recomputes nothing: it runs the same rows in four smaller "
+                   "pieces (smaller matmuls, the same FLOPs).")
+
+
+def bf16_small_batch_ratio() -> float:
+    """Measured: with every block checkpointed and micro-batches of one row (4 of them), the
+    bf16-autocast step's peak over the fp32 step's."""
+    return (step_peak("every", BATCH, "bf16") / step_peak("every", BATCH, "fp32"))
+
+
+def bf16_small_batch() -> str:
+    """The side of 1 the ratio above lies on: "below", "equal" (within 2%) or "above"."""
+    r = bf16_small_batch_ratio()
+    return "equal" if abs(r - 1) <= 0.02 else ("above" if r > 1 else "below")
+
+
+def _bf16_small(answer):
+    if not isinstance(answer, str) or answer.strip().lower() not in ORDER:
+        return False, f"Answer one of {ORDER}."
+    r = bf16_small_batch_ratio()
+    expected = bf16_small_batch()
+    if answer.strip().lower() == expected:
+        return True, (f"{expected} (x{r:.2f}): the bf16 copies of the weights autocast keeps do "
+                      "not shrink with the micro-batch, while the activations they save on do; "
+                      "with every block checkpointed there is little activation left to halve.")
+    return False, (f"Measured x{r:.2f}. With every block checkpointed and one row per "
+                   "micro-batch the activations are small, but autocast still keeps a bf16 copy "
+                   "of every weight it multiplies by: a cost per model, not per row.")
 
 
 EXERCISES = [
-    Exercise("07.accumulation_peak", "The gpt-cpu model (4 blocks, C=128, 4 heads, T=64, vocab "
-             "256, dropout on, fp32), batch 8, no checkpointing, micro_batches=4: by the "
-             "formula, how many bytes does the step peak at?", _accumulation_peak),
-    Exercise("07.offload_seconds", "A step offloads 6 GiB of activations to the host and brings "
-             "them back for backward: how many seconds of transfer at 25 GB/s (PCIe 4.0 x16)?",
-             _offload_seconds),
+    Exercise("07.autocast_ratio", "The lesson's GPT (gpt-cpu shape, batch 4, T = 64, fp32 "
+             "weights): with bf16 autocast, the step's peak is what multiple of the fp32 step's?",
+             _autocast, expected=autocast_ratio),
     Exercise("07.accumulation_flops", "Splitting a step's batch into 4 micro-batches "
              "(accumulation): FLOPs of the step with accumulation divided by FLOPs without?",
-             _accumulation_flops),
+             _accumulation_flops, expected=accumulation_flops_ratio),
+    Exercise("07.bf16_small_batch", "The lesson's GPT with every block checkpointed and 4 "
+             "micro-batches of one row: is the bf16-autocast step's peak below, equal to or "
+             "above the fp32 step's?", _bf16_small, expected=bf16_small_batch),
 ]
