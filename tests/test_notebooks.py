@@ -133,13 +133,15 @@ def test_exercises_and_solutions(path):
     solution = NB_DIR / "solutions" / f"{path.stem}_solutions.ipynb"
     assert solution.exists(), f"missing {solution}"
     solution_code = "\n".join(_code(_read(solution)))
-    for key in keys:
-        assert f'exercises.check("{key}", ' in lesson_code
+    for key in keys:   # asked in the lesson (a check, or a committed prediction), solved after
+        assert any(f'exercises.{ask}("{key}", ' in lesson_code for ask in ("check", "predict"))
         assert f'exercises.check("{key}", ' in solution_code
-    # unanswered in the lesson: every answer variable starts as None
+    # unanswered in the lesson: every answer starts as None
     for src in _code(_read(path)):
         if "exercises.check(" in src:
             assert re.search(r"=\s*None", src), src
+        for answer in re.findall(r"exercises\.predict\(\s*[\"'][\w.]+[\"'],\s*(\w+)", src):
+            assert answer == "None", src
 
 
 def test_tour_links_every_lesson():
