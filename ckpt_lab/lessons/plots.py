@@ -299,3 +299,60 @@ def ladder_paths(paths: dict, notes: dict | None = None, ax=None,
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
+
+
+def scaled_timeline(logs: dict, scale: float, lines: dict | None = None, ax=None,
+                    title="Live memory during one step (measured), at the article's size"):
+    """Live memory after each operation, multiplied by `scale` (to the article's tensor size),
+    in MiB, one line per run; `lines`: label -> bytes drawn as dashed levels (the article's)."""
+    fig, ax = _axes(ax, (8, 3.4))
+    for k, (name, log) in enumerate(logs.items()):
+        ax.plot([p.step for p in log.timeline], [p.live_bytes * scale / MIB for p in log.timeline],
+                lw=1.2, color=RUN_COLORS[k % len(RUN_COLORS)],
+                label=f"{name}: peak {log.peak_bytes * scale / MIB:,.0f} MiB")
+    for (label, nbytes), ls in zip((lines or {}).items(), ("--", ":", "-.")):
+        ax.axhline(nbytes / MIB, color=MEASURED, ls=ls, lw=1.2, label=label)
+    ax.set(title=title, xlabel="operation (in order)", ylabel="live memory (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
+
+
+def u_curves(panels: list, title="Step peak against the number of segments S"):
+    """Small multiples, one per chain: the predicted peak over every S as a line, the measured
+    points, the least predicted S marked. Each panel: dict(title, s, predicted, s_measured,
+    measured, and optionally other={label: (s, values)} drawn dotted)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4))
+    for ax, p in zip(list(axes) if len(panels) > 1 else [axes], panels):
+        ax.plot(p["s"], [v / MIB for v in p["predicted"]], "-", color=PREDICTED, lw=1.2,
+                label="predicted")
+        for label, (s, values) in p.get("other", {}).items():
+            ax.plot(s, [v / MIB for v in values], ":", color=PART_COLORS[0], label=label)
+        ax.plot(p["s_measured"], [v / MIB for v in p["measured"]], "o", color=MEASURED,
+                label="measured")
+        best = min(zip(p["predicted"], p["s"]))[1]
+        ax.axvline(best, color=PART_COLORS[0], ls="--", lw=1, label=f"least: S = {best}")
+        ax.set(title=p["title"], xlabel="segments S", ylabel="step peak (MiB)")
+        ax.set_ylim(0, 1.15 * max(p["measured"]) / MIB)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def band_bars(values: dict, band: tuple, band_label: str, ax=None, ylabel="fraction",
+              title="Measured against a claimed range"):
+    """One measured bar per case (fractions shown as %), the claimed range as a shaded band."""
+    fig, ax = _axes(ax, (6.5, 3.2))
+    labels = list(values)
+    bars = ax.bar(labels, [100 * v for v in values.values()], color=PART_COLORS[1], label="measured")
+    for bar, v in zip(bars, values.values()):
+        ax.text(bar.get_x() + bar.get_width() / 2, 100 * v, f"{v:.1%}", ha="center", va="bottom",
+                fontsize=8)
+    ax.axhspan(100 * band[0], 100 * band[1], color=PART_COLORS[0], alpha=0.25, label=band_label)
+    ax.set(title=title, ylabel=ylabel + " (%)")
+    ax.set_ylim(0, 100 * max(max(values.values()), band[1]) * 1.2)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
