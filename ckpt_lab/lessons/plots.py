@@ -356,3 +356,43 @@ def band_bars(values: dict, band: tuple, band_label: str, ax=None, ylabel="fract
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def plan_profile(profile, boundaries, measured: dict, predicted: dict, budget_bytes: int,
+                 activation_only: dict | None = None,
+                 title="Your model: what each layer keeps, the plan, and the step peak"):
+    """Two panels. Left: each layer's saved bytes (bars; recompute orange for layers a
+    checkpointed segment will recompute), its output (the marker: what a checkpoint keeps) and
+    the plan's segment starts. Right: measured step peaks (bars) per plan, the step model's
+    prediction (line marks), the activation-only model's (dotted marks), the budget."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6),
+                                      gridspec_kw={"width_ratios": [1.6, 1]})
+    n, last = len(profile), list(boundaries)[-1]
+    xs = range(n)
+    left.bar(xs, [p.act_bytes / MIB for p in profile],
+             color=[PHASE_COLORS["recompute"] if i < last else PART_COLORS[0] for i in xs])
+    left.plot(xs, [p.out_bytes / MIB for p in profile], "D", color=PREDICTED, ms=5)
+    for b in list(boundaries)[1:]:
+        left.axvline(b - 0.5, color=PREDICTED, ls="--", lw=1)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["recompute"],
+                             label="saved, recomputed in backward"),
+               plt.Rectangle((0, 0), 1, 1, color=PART_COLORS[0], label="saved, last segment"),
+               plt.Line2D([], [], ls="", marker="D", color=PREDICTED, label="output"),
+               plt.Line2D([], [], ls="--", color=PREDICTED, lw=1, label="segment start")]
+    left.legend(handles=handles, fontsize=7)
+    left.set(title="per layer (measured)", xlabel="layer", ylabel="MiB", xticks=list(xs))
+    names = list(measured)
+    right.bar(names, [measured[k] / MIB for k in names], color=PART_COLORS[1],
+              label="measured step peak")
+    right.plot(names, [predicted[k] / MIB for k in names], "_", color=PREDICTED, ms=40, mew=2,
+               label="step model")
+    if activation_only:
+        right.plot(names, [activation_only[k] / MIB for k in names], "_", color=MEASURED,
+                   ms=40, mew=2, ls="", label="activation-only model")
+    right.axhline(budget_bytes / MIB, color=PREDICTED, ls=":", lw=1, label="budget")
+    right.set(title="step peak", ylabel="MiB")
+    right.set_ylim(0, 1.35 * max(measured.values()) / MIB)
+    right.legend(fontsize=7, loc="upper right", markerscale=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
