@@ -212,8 +212,9 @@ def verdict_grid(table: dict[str, dict[str, str]], guesses: dict[str, str] | Non
 
     ``table[case][implementation]`` is an outcome string that starts with its kind (the rest,
     e.g. "(CheckpointError)", is printed in the cell). Any number of rows and columns. With
-    ``guesses`` ({case: kind}) the cells of ``guess_column`` are outlined: solid where the
-    guess was right, dashed where it was not, with the guess written in.
+    ``guesses`` ({case: kind}, "wrong" standing for "WRONG, silently") the cells of
+    ``guess_column`` are outlined: solid where the guess was right, dashed where it was not,
+    with the guess written in.
     """
     cases = list(table)
     columns = list(dict.fromkeys(c for row in table.values() for c in row))
@@ -235,6 +236,10 @@ def verdict_grid(table: dict[str, dict[str, str]], guesses: dict[str, str] | Non
                     color="white" if kind == "WRONG, silently" else "black")
     if guesses and guess_column in columns:
         j = columns.index(guess_column)
+        aliases = {"wrong": "WRONG, silently", "refuse": "refuses"}
+        guesses = {k: aliases.get(str(v).strip().lower(), str(v).strip().lower()
+                                  if str(v).strip().lower() in ("right", "refuses") else str(v))
+                   for k, v in guesses.items()}
         for i, case in enumerate(cases):
             if case in guesses and guess_column in table[case]:
                 hit = guesses[case] == verdict_of(table[case][guess_column])
