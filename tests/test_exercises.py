@@ -1,23 +1,9 @@
 """Every exercise accepts a right answer worked out independently, rejects a wrong one with a
 hint, and never raises on an unanswered or malformed one."""
-import math
-
 import pytest
 import torch
-import torch.utils.checkpoint
-from torch import nn
 
 from ckpt_lab.lessons import exercises
-
-
-def _best_peak(layers: int) -> int:
-    """Least uniform checkpoint_sequential peak, in layer units, by brute force."""
-    best = None
-    for s in range(1, layers + 1):
-        size = layers // s
-        peak = (s - 1) + (layers - (s - 1) * size)
-        best = peak if best is None else min(best, peak)
-    return best
 
 
 def _save_matmuls(op, *args, **kwargs):
@@ -25,9 +11,6 @@ def _save_matmuls(op, *args, **kwargs):
 
 
 RIGHT = {
-    "03.peak_at_six": ((6 - 1) + (16 - 5 * (16 // 6)), 16 // 6),
-    "03.peak_in_layers": (5 + 6, 6),
-    "03.sqrt_growth": (_best_peak(64) / _best_peak(16), 2.0),   # 2 sqrt(L) is only the estimate
     "04.no_saving_modules": ({"Linear", "ReLU", "GELU", "Linear->ReLU"}, {"Linear", "Dropout"}),
     "04.selective_policy": (_save_matmuls, lambda op, *a, **k: False),
     "05.megatron_gib": (2048 * 12288 * (34 + 5 * 96 * 2048 / 12288) / 2 ** 30, 1.0),
@@ -36,9 +19,9 @@ RIGHT = {
 }
 
 
-def test_every_exercise_of_lessons_3_to_5_has_a_right_and_a_wrong_answer_here():
-    """Lessons 0 to 2 have their own files (tests/test_exercises_00.py, _01.py, _02.py)."""
-    part_one = {k for lesson in range(3, 6) for k in exercises.keys(lesson)}
+def test_every_exercise_of_lessons_4_and_5_has_a_right_and_a_wrong_answer_here():
+    """Lessons 0 to 3 have their own files (tests/test_exercises_00.py to _03.py)."""
+    part_one = {k for lesson in range(4, 6) for k in exercises.keys(lesson)}
     assert set(RIGHT) == part_one
 
 
@@ -56,24 +39,19 @@ def test_unanswered_and_malformed_never_raise(capsys):
     for key in exercises.keys():
         assert exercises.check(key, None) is False
         assert "not answered yet" in capsys.readouterr().out
-    assert exercises.check("03.peak_at_six", "eleven") is False
 
 
 def test_unknown_key_and_lesson_filter():
     with pytest.raises(ValueError, match="valid"):
         exercises.check("99.nope", 1)
-    assert exercises.keys(3) == ["03.peak_at_six", "03.peak_in_layers", "03.sqrt_growth"]
     for lesson in range(1, 11):
         assert 2 <= len(exercises.keys(lesson)) <= 4     # 2-3 predictions, at most one build task
     assert all(exercises.question(k).endswith("?") or "." in exercises.question(k)
                for k in exercises.keys())
 
 
-def test_lesson_3_and_4_checks_are_measured(capsys):
-    """The S = 6 bump is measured, a one-layer-per-segment split saves nothing, and a policy that
-    keeps the matmuls drops the GELU output without re-running a matmul."""
-    assert exercises.lesson03.chain_peak_units(16, 6) > exercises.lesson03.chain_peak_units(16, 5)
-    assert exercises.lesson03.chain_peak_units(16, 9) == 16            # S > L / 2: no saving at all
+def test_lesson_4_checks_are_measured(capsys):
+    """A policy that keeps the matmuls drops the GELU output without re-running a matmul."""
     saving = exercises.lesson04.checkpoint_saving_bytes()
     assert saving["Linear"] == 0 and saving["Linear->ReLU->Linear"] > 0
     cost = exercises.lesson04.policy_cost(_save_matmuls)

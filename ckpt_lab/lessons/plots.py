@@ -320,3 +320,37 @@ def grouped_bars(series: dict[str, dict[str, float]], ylabel: str, title: str,
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def segment_curve(counts, measured, predicted=None, guess=None, ax=None,
+                  title="Peak memory against segment count", ylabel="peak (MiB)", scale=MIB):
+    """Measured peaks as points against segment count; a prediction as a line; a guess dashed."""
+    fig, ax = _axes(ax, (7, 3.3))
+    if predicted is not None:
+        ax.plot(counts, [p / scale for p in predicted], "-", color="tab:gray", label="predicted")
+    ax.plot(counts, [m / scale for m in measured], "o", color="black", ms=5, label="measured")
+    if guess is not None:
+        ax.axvline(guess, color="black", ls="--", lw=1, label=f"your guess: {guess}")
+    ax.set(title=title, xlabel="segments S", ylabel=ylabel)
+    ax.set_xticks(list(counts))
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def segment_units(counts, kept_inputs, last_segment, measured, ax=None,
+                  title="Kept inputs + the last segment (units of one block's activations)"):
+    """The predicted peak in units, stacked: S - 1 kept inputs under the last segment's layers;
+    the measured peak (in the same units) as points on top."""
+    fig, ax = _axes(ax, (7, 3.3))
+    ax.bar(counts, kept_inputs, color="tab:gray", alpha=0.6, label="predicted: kept inputs (S - 1)")
+    ax.bar(counts, last_segment, bottom=kept_inputs, color="tab:cyan", alpha=0.6,
+           label="predicted: the last segment's blocks")
+    ax.plot(counts, measured, "o", color="black", ms=5, label="measured")
+    ax.set(title=title, xlabel="segments S", ylabel="units")
+    ax.set_xticks(list(counts))
+    ax.set_ylim(0, 1.25 * max(measured))
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
+    fig.tight_layout()
+    return fig
