@@ -13,10 +13,11 @@ CUDA the caching allocator's rounded block (what ``torch.cuda.memory_allocated``
 every device and thread the profiled code runs on (autograd's device threads included). The
 profiler needs no CUDA activity for them: memory events are recorded with the CPU's.
 
-One blind spot, on the CPU only: the CPU allocator reports a block's size when it allocates
-it, so freeing a block allocated before recording began is not reported (PyTorch warns
-"Memory block of unknown size was allocated before the profiling started"), and the level
-reads high by its size from then on. The CUDA caching allocator reports every free.
+Like `track_memory`, the replay counts the blocks allocated while it records: the free of a
+block allocated before is left out. On CUDA the allocator reports such frees faithfully, but
+the CPU allocator knows a block's size only if it was allocated while some profiler ran, so it
+reports none (PyTorch warns "Memory block of unknown size was allocated before the profiling
+started") or, when an earlier profiled block had the same address, that block's stale size.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import bisect
 from dataclasses import dataclass
 
 import torch
+from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 MARK = "ckpt_lab.op#"     # the record_function name `op_mark` gives operation n: MARK + str(n)
@@ -68,14 +70,17 @@ class AllocatorRecording:
     """``torch.profiler`` (profile_memory=True) around a block; after it, the allocator's events.
 
     `events` holds (time ns, bytes, device) per allocation (bytes > 0) and free (< 0), in time
-    order; `marks` holds the (start, end) time of every `op_mark` range, by operation number
-    (when a number was marked twice, e.g. an op that raised and the next, the later range).
+    order, of the blocks allocated while it recorded (`frees_left_out` counts the frees of
+    blocks allocated before); `marks` holds the (start, end) time of every `op_mark` range, by
+    operation number (when a number was marked twice, e.g. an op that raised and the next,
+    the later range).
     """
 
     def __init__(self, cuda_activity: bool = False):
         self.cuda_activity = cuda_activity
         self.events: list[tuple[int, int, str]] = []
         self.marks: dict[int, tuple[int, int]] = {}
+        self.frees_left_out = 0
         self.finished = False         # True once the block ran and its events were read
         self._prof = None
 
@@ -96,17 +101,28 @@ class AllocatorRecording:
     def __exit__(self, *exc):
         prof, self._prof = self._prof, None
         prof.__exit__(*exc)
-        events, marks = [], []
-        for e in prof.profiler.kineto_results.events():
-            name = e.name()
-            if name == "[memory]":
-                events.append((e.start_ns(), e.nbytes(), _device_name(e)))
-            elif name.startswith(MARK):
-                marks.append((e.start_ns(), e.end_ns(), int(name[len(MARK):])))
-        events.sort(key=lambda ev: ev[0])
+        reported, marks = [], []
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children)
+            if node.tag == _EventType.Allocation:
+                f = node.extra_fields
+                reported.append((node.start_time_ns, f.alloc_size, f.ptr, _device_name(f.device)))
+            elif node.name.startswith(MARK):
+                marks.append((node.start_time_ns, node.end_time_ns, int(node.name[len(MARK):])))
+        held = {}                     # (address, device) -> bytes, of blocks allocated here
+        for t, nbytes, ptr, dev in sorted(reported, key=lambda r: r[0]):
+            if nbytes > 0:
+                held[ptr, dev] = nbytes
+                self.events.append((t, nbytes, dev))
+            elif (ptr, dev) in held:
+                self.events.append((t, -held.pop((ptr, dev)), dev))
+            else:
+                self.frees_left_out += 1
         for start, end, n in sorted(marks):
             self.marks[n] = (start, end)
-        self.events, self.finished = events, True
+        self.finished = True
         return False
 
     def replay(self, device: str | None = None) -> ProfiledMemory:
@@ -143,11 +159,10 @@ class AllocatorRecording:
         return out
 
 
-def _device_name(event) -> str:
+def _device_name(device: torch.device) -> str:
     """"cpu", "cuda:0", ...: the key `track_memory` uses for a device."""
-    kind = str(event.device_type()).split(".")[-1].lower()
-    index = event.device_index()
-    return kind if kind == "cpu" or index < 0 else f"{kind}:{index}"
+    return str(device) if device.type == "cpu" or device.index is None else \
+        f"{device.type}:{device.index}"
 
 
 def profiled_memory(fn, device: str = "cpu") -> ProfiledMemory:
