@@ -112,13 +112,14 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel SIGKILL this process when its parent exits. The parent may have
+    """Linux: have the kernel SIGKILL this process when its parent exits (strictly, when the
+    thread that started it does: `launch`'s, which waits for the ranks). The parent may have
     exited before the request (this process was then adopted): leave at once."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
-            pass                            # no prctl: the lifeline below still holds
+            pass                            # no prctl: the stdin lifeline still holds
     if os.getppid() != parent_pid:
         os._exit(1)
 
