@@ -296,3 +296,34 @@ def test_every_link_to_the_glossary_names_an_anchor_it_has():
            for a in re.findall(r"glossary\.md#([\w-]+)", text) if a not in slugs]
     assert not bad, f"links to glossary anchors that do not exist: {bad}"
     assert (ROOT / "docs" / "glossary.md").read_text().count("\n### ") >= len(GLOSSARY_ANCHORS)
+
+
+def test_the_site_renders_in_a_browser_with_no_network(site, tmp_path):
+    """MathJax typesets from the site's own copy, the explorer shows its figure, and the page
+    asks no other host for anything (Chromium, as in test_browser.py: skipped without it
+    locally, a failure under CI)."""
+    import browser_helpers as bh
+    from test_browser import require_chromium
+    chromium = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    asked = []
+
+    def offline(route):
+        if route.request.url.startswith(("file:", "data:")):
+            return route.continue_()
+        asked.append(route.request.url)
+        return route.abort()
+
+    with sync_playwright() as playwright:
+        context = bh.launch_browser(playwright, chromium, tmp_path / "profile")
+        try:
+            page = context.new_page()
+            page.route("**/*", offline)
+            page.goto((site / "notebooks" / "00_tour.html").as_uri())
+            page.wait_for_selector("mjx-container", timeout=60_000)     # $a + b$, typeset
+            assert page.locator(".ckpt-widget img").count() == 1
+            assert page.locator(".ckpt-widget img").evaluate("i => i.naturalWidth") > 0
+        finally:
+            context.close()
+    assert asked == []
