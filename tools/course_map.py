@@ -229,7 +229,7 @@ OUTCOMES = {
                                       "pick which switch to try first",
     "12_scale_out": f"run {_g('DDP', 'ddp')}, {_g('FSDP', 'fsdp')}2 and a "
                     f"{_g('1F1B', '1f1b')} pipeline as real processes with checkpointing, and "
-                    "predict each rank's memory",
+                    f"predict each {_g('rank', 'rank')}'s memory",
 }
 
 # The paths through the course: (name, lessons, who it is for). Every lesson is on one path.
@@ -246,7 +246,8 @@ PATHS = [
     ("Optional: checking the claims", ["09_checking_the_claims"],
      "after lessons 3 and 4, for the critical reader. The source articles' numbers, measured"),
     ("Optional: scale-out", ["12_scale_out"],
-     "after lesson 7, when you train on several devices. DDP, FSDP and pipeline stages"),
+     "after lesson 7, when you train on several devices. "
+     f"{_g('DDP', 'ddp')}, {_g('FSDP', 'fsdp')} and {_g('pipeline stages', 'pipeline-stage')}"),
 ]
 
 # What to know before starting, each with where to learn it.
