@@ -9,7 +9,7 @@ Ranks use one thread each, and gloo ranks see no GPU (they compute on the CPU).
 A fresh interpreter cannot see the caller's variables: it receives ``fn`` *by name* (module and
 qualified name) and imports it. A function defined in a notebook cell or in a script's
 ``__main__`` has no module another interpreter can import, so `launch` refuses it up front and
-says where to put it (the lesson's own rank functions live in `ckpt_lab.scale_out`). Why not
+says where to put it (the lesson's own rank functions live in `ckpt_lab.lessons.scale_out`). Why not
 fork, which would copy the caller, cell functions included? A forked child inherits the parent's
 threads (OpenMP pools, Jupyter's) and any CUDA state half-initialised, and either can hang it;
 spawning is the start method that works everywhere. Unlike `multiprocessing`'s spawn, the
@@ -84,7 +84,7 @@ def _check_importable(fn):
             "each is a fresh interpreter that imports the function by module and name, and "
             "a function defined in a notebook cell, a script's __main__, a lambda or another "
             "function has no importable name. Put it at the top level of a .py module on the "
-            "path (like ckpt_lab.scale_out) and import it from there.")
+            "path (like ckpt_lab.lessons.scale_out) and import it from there.")
 
 
 def _rank_main() -> None:

@@ -387,5 +387,10 @@ class _CudaPeak:
         return None
 
 
-# The layer profiler lives in its own module; these names stay importable from here.
-from .profile import LayerProfile, backward_work_bytes, profile_layers  # noqa: E402,F401
+def kept_after_forward(module, *inputs) -> int:
+    """Bytes allocated by module(*inputs) and still alive after its forward: what backward needs."""
+    with track_memory() as mem:
+        out = module(*inputs)
+        kept = mem.current_bytes
+    del out
+    return kept

@@ -96,7 +96,7 @@ def test_ctrl_c_in_the_caller_ends_every_rank():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank")
 def test_nccl_with_a_gpu_per_rank():
-    from ckpt_lab import scale_out
+    from ckpt_lab.lessons import scale_out
     out = distributed.launch(scale_out.whoami, world_size=2, timeout=120)
     assert [o["backend"] for o in out] == ["nccl", "nccl"]
     assert [o["device"] for o in out] == ["cuda:0", "cuda:1"]
@@ -104,7 +104,7 @@ def test_nccl_with_a_gpu_per_rank():
 
 
 def test_gloo_ranks_see_no_gpu():
-    from ckpt_lab import scale_out
+    from ckpt_lab.lessons import scale_out
     out = distributed.launch(scale_out.whoami, world_size=2, backend="gloo", timeout=60)
     assert [o["device"] for o in out] == ["cpu", "cpu"] and out[0]["backend"] == "gloo"
 
@@ -114,7 +114,7 @@ def test_a_script_needs_no_main_guard(tmp_path):
     import subprocess
     import sys
     script = tmp_path / "job.py"
-    script.write_text("from ckpt_lab import distributed, scale_out\n"
+    script.write_text("from ckpt_lab import distributed\nfrom ckpt_lab.lessons import scale_out\n"
                       "print([r['rank'] for r in distributed.launch(scale_out.whoami)])\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

@@ -7,8 +7,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ckpt_lab import exercises
-from ckpt_lab.course import kept_after_forward
+from ckpt_lab.lessons import exercises
+from ckpt_lab.memory import kept_after_forward
 
 
 def _best_peak(layers: int) -> int:
@@ -109,18 +109,18 @@ def test_unknown_key_and_lesson_filter():
 
 
 def test_rng_layers_measured():
-    assert exercises.layers_needing_rng() == {"Dropout", "AlphaDropout", "RReLU"}
+    assert exercises.lesson02.layers_needing_rng() == {"Dropout", "AlphaDropout", "RReLU"}
     assert math.isclose(_best_peak(16), 7)
 
 
 def test_lesson_3_and_4_checks_are_measured(capsys):
     """The S = 6 bump is measured, a one-layer-per-segment split saves nothing, and a policy that
     keeps the matmuls drops the GELU output without re-running a matmul."""
-    assert exercises.chain_peak_units(16, 6) > exercises.chain_peak_units(16, 5)
-    assert exercises.chain_peak_units(16, 9) == 16            # S > L / 2: no saving at all
-    saving = exercises.checkpoint_saving_bytes()
+    assert exercises.lesson03.chain_peak_units(16, 6) > exercises.lesson03.chain_peak_units(16, 5)
+    assert exercises.lesson03.chain_peak_units(16, 9) == 16            # S > L / 2: no saving at all
+    saving = exercises.lesson04.checkpoint_saving_bytes()
     assert saving["Linear"] == 0 and saving["Linear->ReLU->Linear"] > 0
-    cost = exercises.policy_cost(_save_matmuls)
+    cost = exercises.lesson04.policy_cost(_save_matmuls)
     assert cost["policy_flops"] == cost["plain_flops"] < cost["full_flops"]
     assert cost["full_bytes"] < cost["policy_bytes"] < cost["plain_bytes"]
     assert exercises.check("04.selective_policy", 3) is False

@@ -9,7 +9,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from ckpt_lab import checkpoint_modules, hf  # noqa: E402
+from ckpt_lab import checkpoint_modules
+from ckpt_lab.lessons import hf  # noqa: E402
 from ckpt_lab.modules import profile_modules  # noqa: E402
 
 IDS = hf.token_batch(2, 64, 256)
@@ -104,7 +105,7 @@ def test_unknown_kind():
 
 
 def test_lesson_11_exercises_right_wrong_and_unanswered(capsys):
-    from ckpt_lab import exercises
+    from ckpt_lab.lessons import exercises
     assert exercises.keys(11) == ["11.kv_cache_mib", "11.trap_adapters", "11.compiled_kept_mib"]
     # worked out independently: 2 (K, V) x 8 layers x 4 x 1024 tokens x 2 KV heads x 64 x 2 bytes
     right_wrong = {"11.kv_cache_mib": (2 * 8 * 4 * 1024 * 2 * 64 * 2 / 2 ** 20, 64),

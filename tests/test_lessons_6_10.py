@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_lab import exercises, memory, planner, profile_layers, widgets
+from ckpt_lab import memory, planner, profile, profile_layers
+from ckpt_lab.lessons import exercises, widgets
 from ckpt_lab.checkpoint import checkpoint
 
 from chains import shrinking_convnet
@@ -38,14 +39,14 @@ def test_backward_work_counts_the_gradients_of_a_linear():
     torch.manual_seed(0)
     lin = nn.Linear(8, 32)
     x = torch.randn(16, 8)
-    work = memory.backward_work_bytes([lin, nn.Tanh()], x)[0]
+    work = profile.backward_work_bytes([lin, nn.Tanh()], x)[0]
     # the gradient arriving (16 x 32, from Tanh), the input gradient (16 x 8), the weight and
     # bias gradients computed into fresh tensors before being added to .grad
     expected = (16 * 32 + 16 * 8 + 32 * 8 + 32) * 4
     assert expected - 32 * 4 <= work <= expected
     # the last layer's gradient arrives from .float().sum(): one scalar, expanded (4 bytes),
     # and the loss itself (4 bytes) is alive too
-    last = memory.backward_work_bytes([lin], x)[0]
+    last = profile.backward_work_bytes([lin], x)[0]
     assert last == expected - 16 * 32 * 4 + 4 + 4
 
 
@@ -79,7 +80,7 @@ def _bisect(n):
 
 def _measured_plan_for_budget():
     """The fitting plan of least recompute, found by measuring plans in order of last start."""
-    layers, x, budget = exercises.budget_chain()
+    layers, x, budget = exercises.lesson06.budget_chain()
     for plan in sorted(_all_plans(len(layers)), key=lambda p: p[-1]):
         if widgets.measure_plan_peak(layers, x, plan) <= budget:
             return plan
@@ -99,7 +100,7 @@ def _rng_by_torch():
     return not torch.equal(*grads)
 
 
-A, O = exercises.SHRINKING_ACT, exercises.SHRINKING_OUT
+A, O = exercises.lesson06.SHRINKING_ACT, exercises.lesson06.SHRINKING_OUT
 RIGHT_WRONG = {
     "06.plan_recompute": (_brute_force_min_recompute(A, O, 14), len(A)),
     "06.plan_for_budget": (_measured_plan_for_budget(), [0]),
@@ -125,7 +126,7 @@ def test_right_answer_passes_wrong_one_gets_a_hint(key, capsys):
 
 
 def test_rng_replay_is_true_and_checkpoint_with_replay_is_exact():
-    assert exercises.rng_matters_for_dropout() is True
+    assert exercises.lesson10.rng_matters_for_dropout() is True
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 1))
     x = torch.randn(16, 8, requires_grad=True)

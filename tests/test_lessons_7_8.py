@@ -7,7 +7,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from ckpt_lab import capacity, exercises, formulas, plots
+from ckpt_lab import capacity, formulas
+from ckpt_lab.lessons import exercises, plots
 from ckpt_lab.fallback import StepConfig, run_with_fallback
 from ckpt_lab.models import GPTConfig, build_model
 from ckpt_lab.offload import PCIE4_X16_BYTES_PER_S
@@ -18,7 +19,7 @@ def _judge(key, answer):
 
 
 def test_accumulation_flops_ratio_is_measured_as_one():
-    assert exercises.accumulation_flops_ratio(4) == 1.0
+    assert exercises.lesson07.accumulation_flops_ratio(4) == 1.0
     assert _judge("07.accumulation_flops", 1.0)
     assert not _judge("07.accumulation_flops", 4.0)
     assert not _judge("07.accumulation_flops", 0.25)
@@ -53,7 +54,7 @@ def test_offload_seconds_counts_both_directions():
 def test_fused_block_prediction_is_the_formula_and_the_measurement():
     """08.1: the layer formula for fused attention predicts the measured block within 1%; the
     usual wrong counts (scores kept, input forgotten, output counted twice) fail."""
-    measured = exercises.fused_block_saved_bytes()
+    measured = exercises.lesson08.fused_block_saved_bytes()
     b, t, c, h = 8, 64, 128, 4
     fused = sum(formulas.transformer_layer_terms(t, b, c, h, attention="sdpa", dropout=False,
                                                  act_bytes=4).values())
@@ -72,8 +73,8 @@ def test_usable_gib():
 
 
 def test_fallback_rungs_by_order_and_the_check():
-    assert exercises.fallback_rungs(("densify", "accumulate", "shrink")) == 6
-    assert exercises.fallback_rungs(("accumulate", "densify", "shrink")) == 3
+    assert exercises.lesson08.fallback_rungs(("densify", "accumulate", "shrink")) == 6
+    assert exercises.lesson08.fallback_rungs(("accumulate", "densify", "shrink")) == 3
     assert _judge("08.fallback_rungs", 6)
     assert not _judge("08.fallback_rungs", 3)
 
@@ -103,7 +104,7 @@ def test_fallback_rungs_agrees_with_a_real_step_under_a_simulated_limit():
 
     res = run_with_fallback(step, StepConfig(0, 1, 8), max_every=4)
     assert res.config.micro_batch == 2
-    assert len(res.rungs) == exercises.fallback_rungs(("densify", "accumulate", "shrink"))
+    assert len(res.rungs) == exercises.lesson08.fallback_rungs(("densify", "accumulate", "shrink"))
 
 
 def test_unanswered_and_non_numbers():

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_lab import planner, profile_layers, widgets
+from ckpt_lab import planner, profile, profile_layers
+from ckpt_lab.lessons import widgets
 from ckpt_lab.models import Block, ConvBNReLU, Embed, GPTConfig, LMHead, MLPBlock, PoolHead, ResBlock
 from ckpt_lab.profile import LayerProfile
 
@@ -229,7 +230,7 @@ def test_backward_work_bytes_leaves_grad_alone():
     lin = nn.Linear(8, 32)
     lin.weight.grad = torch.ones_like(lin.weight)
     kept = lin.weight.grad
-    memory.backward_work_bytes([lin], torch.randn(16, 8))
+    profile.backward_work_bytes([lin], torch.randn(16, 8))
     assert lin.weight.grad is kept and bool((kept == 1).all()) and lin.bias.grad is None
 
 

@@ -7,7 +7,8 @@ import torch  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ckpt_lab import checkpoint_sequential, plots, track_memory  # noqa: E402
+from ckpt_lab import checkpoint_sequential, track_memory
+from ckpt_lab.lessons import plots  # noqa: E402
 
 
 def test_timeline_run_lines_never_share_a_phase_colour():

@@ -4,7 +4,8 @@ gradients of one process on the same global batch, and each rank's bytes match
 import pytest
 import torch
 
-from ckpt_lab import distributed, formulas, parallel_formulas as pf, scale_out
+from ckpt_lab import distributed, formulas, parallel_formulas as pf
+from ckpt_lab.lessons import scale_out
 from ckpt_lab.data import TextBatches, load_corpus
 from ckpt_lab.models import build_model, get_config
 
@@ -188,7 +189,7 @@ def test_megatron_tensor_parallel_formula():
      1.0),
 ])
 def test_lesson_12_exercises(key, right, wrong, capsys):
-    from ckpt_lab import exercises
+    from ckpt_lab.lessons import exercises
     assert exercises.check(key, right) is True
     assert exercises.check(key, wrong) is False
     assert "✗" in capsys.readouterr().out

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from torch.cuda import _memory_viz
 
-from ckpt_lab import checkpoint, compiled, formulas, stack, track_memory
+from ckpt_lab import checkpoint, formulas, track_memory
+from ckpt_lab.lessons import compiled, stack
 from ckpt_lab.models import Block, GPTConfig
 from ckpt_lab.snapshot import (cuda_snapshot, record_allocations, save_snapshot,
                                trace_peak_bytes)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:            # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from ckpt_lab import course  # noqa: E402  (the one place the lesson list is imported from)
+from ckpt_lab.lessons import course  # noqa: E402  (the one place the lesson list is imported from)
 
 import nbformat  # noqa: E402
 import nbformat.validator  # noqa: E402

@@ -10,7 +10,7 @@ Why not `track_memory`: it is a ``TorchDispatchMode``, and while one is active t
 steps aside and runs the module eagerly (measured in the tests: under the tracker the
 compiled module runs the eager ATen ops, and its numbers do not move with the budget).
 Inductor's kernels also allocate their buffers below the dispatcher. The allocator sees
-everything, so `profiled_memory` reads its events through ``torch.profiler`` with
+everything, so `ckpt_lab.allocator.profiled_memory` reads its events through ``torch.profiler`` with
 ``profile_memory=True``: every allocation and free, with its size, in time order.
 """
 from __future__ import annotations
@@ -19,34 +19,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-
-@dataclass
-class ProfiledMemory:
-    """Allocator bytes over a profiled block, relative to its start: the highest point and
-    what was still allocated at its end (on one device type)."""
-
-    peak_bytes: int
-    end_bytes: int
-
-
-def profiled_memory(fn, device: str = "cpu") -> ProfiledMemory:
-    """Run ``fn()`` under ``torch.profiler`` (profile_memory=True) and replay the allocator's
-    events for ``device`` ("cpu" or "cuda")."""
-    activities = [ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, profile_memory=True) as prof:
-        fn()
-    want = torch.device(device).type
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-              and str(e.device_type()).split(".")[-1].lower() == want]
-    current = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        current += e.nbytes()
-        peak = max(peak, current)
-    return ProfiledMemory(peak, current)
+from ckpt_lab.allocator import profiled_memory
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .memory import MemoryLog
+from ckpt_lab.memory import MemoryLog
 
 MIB = 2 ** 20
 PHASE_COLORS = {"forward": "tab:blue", "recompute": "tab:orange", "backward": "tab:green",

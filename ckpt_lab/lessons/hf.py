@@ -29,7 +29,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from .memory import track_memory
+from ckpt_lab.memory import track_memory
 
 KINDS = ("llama", "gpt2")
 
@@ -285,7 +285,7 @@ class TrapResult:
 def reentrant_trap(model, ids) -> list[TrapResult]:
     """Train a model whose only trainable weights are adapters inside the decoder layers
     (frozen embeddings: no block input requires grad) under the usual switches."""
-    from .modules import checkpoint_modules
+    from ckpt_lab.modules import checkpoint_modules
     adapters = sum(1 for p in model.parameters() if p.requires_grad)
     out: list[TrapResult] = []
     plain = train_step(model, ids)

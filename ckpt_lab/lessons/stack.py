@@ -22,10 +22,10 @@ import torch.utils.checkpoint
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from .checkpoint import checkpoint
-from .memory import track_memory
-from .offload import offload_activations
-from .selective import MATMUL_OPS
+from ckpt_lab.checkpoint import checkpoint
+from ckpt_lab.memory import track_memory
+from ckpt_lab.offload import offload_activations
+from ckpt_lab.selective import MATMUL_OPS
 
 
 # ------------------------------------------------------------------------------- selective

@@ -27,10 +27,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .distributed import peak_rss_bytes
-from .memory import current_phase, track_memory
-from .models import build_model
-from .modules import checkpoint_modules
+from ckpt_lab.distributed import peak_rss_bytes
+from ckpt_lab.memory import current_phase, track_memory
+from ckpt_lab.models import build_model
+from ckpt_lab.modules import checkpoint_modules
 
 
 def device() -> torch.device:
@@ -229,7 +229,7 @@ def _local_bytes(tensors) -> int:
 def apply_checkpointing(model, how: str):
     """Checkpoint every transformer block of a `models.GPT` in place: "none", "ckpt_lab"
     (ckpt_lab.checkpoint_modules, hooks) or "torch" (PyTorch's apply_activation_checkpointing)."""
-    from .models import Block
+    from ckpt_lab.models import Block
     if how == "none":
         return model
     if how == "ckpt_lab":
@@ -336,7 +336,7 @@ def schedule(kind: str, stages: int, rank: int, micro_batches: int) -> list[tupl
 
 
 def _run_span(layers, a: int, b: int, h, checkpointed: bool):
-    from .checkpoint import checkpoint, run_in_order
+    from ckpt_lab.checkpoint import checkpoint, run_in_order
     fn = run_in_order(layers[a:b])
     if checkpointed:
         return checkpoint(fn, h, impl="hooks")
