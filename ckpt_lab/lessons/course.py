@@ -29,7 +29,7 @@ NOTEBOOK_DIR = "notebooks"
 
 LESSONS = {
     "00_tour": "A tour: what does activation checkpointing trade?",
-    "01_where_memory_goes": "Where does a training step's memory go?",
+    "01_where_memory_goes": "Where does the memory of a training step go?",
     "02_checkpointing_from_scratch": "Checkpointing from scratch: what does it drop, and when is it wrong?",
     "03_segments_and_sqrt_l": "Segments and sqrt(L): how many segments should a chain get?",
     "04_the_price": "The price: recompute FLOPs and step time",
