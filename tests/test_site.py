@@ -79,6 +79,7 @@ def test_site_has_a_page_per_executed_notebook_and_an_index_in_course_order(tmp_
     assert positions == sorted(positions)                      # the course map's order
     assert 'href="00_tour.html"' in index and 'href="solutions/03_segments' in index
     assert "(not built)" in index and "zz_not_in_the_course" not in index
+    assert f"github.com/{course.REPO_SLUG}/blob/{course.BRANCH}/docs/recipes.md" in index
     assert (tmp_path / "site" / ".nojekyll").exists()
 
 

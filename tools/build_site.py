@@ -87,8 +87,17 @@ Colab or Binder, or clone <a href="https://github.com/{course.REPO_SLUG}">the re
 to run it yourself.</p>
 <ol start="0">
 {chr(10).join(rows)}
-</ol></body></html>
+</ol>
+<p>To copy into your own training code: <a href="{_doc_url("recipes.md")}">the recipes</a> (each
+call with its measured cost and the lesson that derives it) and
+<a href="{_doc_url("decision_guide.md")}">the decision guide</a> (which switch to try first).</p>
+</body></html>
 """
+
+
+def _doc_url(name: str) -> str:
+    """A page of the repository's docs/ folder on GitHub (the site publishes notebooks only)."""
+    return f"https://github.com/{course.REPO_SLUG}/blob/{course.BRANCH}/docs/{name}"
 
 
 def build(executed: Path, out: Path, require: list[str] = ()) -> list[Path]:
