@@ -15,12 +15,17 @@ not ``ignore_index``, as ``F.cross_entropy`` does.
 Where the peak sits with chunking: in the backward of one chunk, when ``log_softmax``'s
 backward writes the chunk's logit gradient while its recomputed output and the incoming
 gradient (``nll_loss``'s, as large) are still alive: three c x V tensors (c = rows of the
-largest chunk), on top of what stays for the whole step (the gradient of the weight, and the
-row gradients of the chunks already done). `ckpt_lab.formulas.chunked_cross_entropy_peak_bytes`
-counts it term by term; tests/test_losses.py holds it to `track_memory`.
+largest chunk), on top of what stays for the whole step (the weight's gradient summed so far,
+the row gradients of the chunks already done). Once chunks are small (c below about d) the peak
+moves to the weight gradients instead: each chunk makes its own V x d gradient, and autograd's
+first sum of two of them is out of place (each arrives as a view, through ``weight.t()``'s
+backward), so three V x d tensors coexist for a moment; smaller chunks save nothing more.
+`ckpt_lab.formulas.chunked_cross_entropy_moments` counts every candidate; tests/test_losses.py
+holds the peak to `track_memory` and to the allocator's own events.
 
-The price: one more ``hidden @ weight.T`` per row (2 N d V FLOPs, a third of the head's
-forward + backward), and per-chunk overhead that matters only when chunks are tiny.
+The price: one more ``hidden @ weight.T`` per row (2 N d V FLOPs, a third of the output
+layer's forward + backward), and per chunk a V x d weight gradient written and added, which
+is what makes many small chunks slow.
 """
 from __future__ import annotations
 
@@ -72,6 +77,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     sizes = chunk_rows(rows.size(0), chunks)
     total = None
     for h, t in zip(rows.split(sizes), flat.split(sizes)):
+        # No random numbers are drawn here: saving the RNG state would cost 5 KB per chunk.
         part = checkpoint(_chunk_loss, h, weight, t, ignore_index, impl="hooks",
                           preserve_rng_state=False)
         total = part if total is None else total + part
