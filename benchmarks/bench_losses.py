@@ -10,6 +10,7 @@ Run: python -m benchmarks.bench_losses [--quick]  (writes benchmarks/results/los
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -21,10 +22,25 @@ from ckpt_lab.lessons.large_vocab import vocab_sweep
 OUT = Path(__file__).parent / "results" / "losses.json"
 
 
+@contextlib.contextmanager
+def threads_set(n: int | None):
+    """torch on ``n`` threads inside the block (None: unchanged), the old count put back after."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def main(out_path: Path | None = None, quick: bool = False, threads: int | None = 1) -> dict:
     """Run the sweep, write JSON, return it. threads=1: steadier times on a shared CPU."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+    with threads_set(threads if not torch.cuda.is_available() else None):
+        return _main(out_path, quick)
+
+
+def _main(out_path, quick: bool) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if quick:
         kwargs = dict(vocab_sizes=(256, 4096), batch=8, chunks=(2, 4), preset="gpt-tiny",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.bench_losses import threads_set
 from ckpt_lab.data import TextBatches, load_corpus
 from ckpt_lab.models import build_model, get_config
 from ckpt_lab.throughput import budget_setups, measure_throughput, step_peak_bytes
@@ -81,10 +82,14 @@ def reading(rows: list[dict]) -> dict:
 
 def main(out_path: Path | None = None, quick: bool = False, threads: int | None = 1,
          repeats: int | None = None) -> dict:
-    """Measure every case and budget, write JSON, return it."""
+    """Measure every case and budget, write JSON, return it (threads: torch's CPU threads
+    while it runs; 1 by default, steadier on a shared machine)."""
+    with threads_set(threads if not torch.cuda.is_available() else None):
+        return _main(out_path, quick, repeats)
+
+
+def _main(out_path, quick: bool, repeats: int | None) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if threads is not None and device == "cpu":
-        torch.set_num_threads(threads)
     repeats = repeats if repeats is not None else (1 if quick else 3)
     clock = "wall" if device == "cuda" else "cpu"
     cases = []
