@@ -2,10 +2,13 @@
 
 Four measurements, each at the GPU sizes the lessons pick by themselves (`course.sizes`):
 
-* tracker: `track_memory`'s exact peak against the CUDA caching allocator's own
-  `torch.cuda.max_memory_allocated`, on the MLP, GPT (per policy) and ResNet presets. The
-  allocator rounds every block up (512 B minimum, 2 MiB segments aside) and keeps cuBLAS/cuDNN
-  workspaces that no tensor owns, so it reads a little higher; the ratio says how much.
+* tracker: per workload (the MLP, GPT per policy and ResNet presets), `track_memory`'s exact
+  peak; ``track_memory(allocator=True)``'s `allocator_peak_bytes` (the allocator's own events,
+  replayed) and the ops that held the most memory only while they ran; the CUDA caching
+  allocator's `torch.cuda.max_memory_allocated` over the same step; and `memory_reserved`,
+  what it holds from the driver (nvidia-smi shows that plus the CUDA context). The allocator
+  rounds every block up (512 B minimum) and serves op temporaries and cuBLAS/cuDNN workspaces
+  that no tensor owns, so it reads higher than the tracker; the table says by how much and why.
 * offload: `offload_activations` with pinned host memory on a side stream: device peak with and
   without it, bytes moved, measured copy time and bandwidth, gradients against a plain run.
 * fp16: `train(precision="fp16")` with its GradScaler beside fp32 and bf16: losses finite, the
@@ -63,6 +66,25 @@ def _batch(cfg, batch: int, device: torch.device):
     return x.to(device), y.to(device)
 
 
+def _cuda_statistics(device: torch.device, fn) -> dict:
+    """The CUDA allocator's statistics over ``fn()`` from an emptied cache: the rise of
+    max_memory_allocated above its level before, and reserved memory (None on CPU)."""
+    if device.type != "cuda":
+        fn()
+        return {"max_memory_allocated_bytes": None, "allocated_before_bytes": None,
+                "max_memory_reserved_bytes": None, "memory_reserved_bytes": None}
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return {"max_memory_allocated_bytes": torch.cuda.max_memory_allocated() - start,
+            "allocated_before_bytes": start,
+            "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
+            "memory_reserved_bytes": torch.cuda.memory_reserved()}
+
+
 def _allocator_peak(device: torch.device, fn) -> int | None:
     """Bytes the CUDA allocator's max rose above its level before `fn()`; None on CPU."""
     if device.type != "cuda":
@@ -81,7 +103,8 @@ def _step(model, x, y):
 
 
 def tracker_vs_allocator(device: torch.device, quick: bool) -> list[dict]:
-    """track_memory's peak beside the allocator's, one forward + backward per workload."""
+    """track_memory's peak beside the allocator's, one forward + backward per workload: the
+    allocator's statistics, then the tracker alone, then the tracker with allocator=True."""
     suffix = "tiny" if quick else ("gpu" if device.type == "cuda" else "cpu")
     workloads = [(f"mlp-{suffix}", "none", 8), (f"gpt-{suffix}", "none", 8),
                  (f"gpt-{suffix}", "every", 8), (f"gpt-{suffix}", "selective", 8),
@@ -94,18 +117,42 @@ def tracker_vs_allocator(device: torch.device, quick: bool) -> list[dict]:
         for p in model.parameters():         # parameter grads are state, allocated up front
             p.grad = torch.zeros_like(p)
         _step(model, x, y)                    # warm-up: cuBLAS handles, workspaces
-        allocator = _allocator_peak(device, lambda: _step(model, x, y))
+        stats = _cuda_statistics(device, lambda: _step(model, x, y))
         with track_memory() as mem:
             _step(model, x, y)
+        with track_memory(allocator=True) as seen:
+            _step(model, x, y)
+        here = f"cuda:{torch.cuda.current_device()}" if device.type == "cuda" else "cpu"
+        allocator = seen.allocator_peak_bytes_by_device.get(here, 0)
+        most = stats["max_memory_allocated_bytes"]
         rows.append({
             "workload": f"{preset} {policy}", "batch": batch,
             "tracked_peak_bytes": mem.peak_bytes,
-            "allocator_peak_bytes": allocator,
+            "tracked_peak_bytes_allocator_mode": seen.peak_bytes,   # must be the same
+            "allocator_peak_bytes": allocator,                       # on this device
+            "allocator_peak_bytes_all_devices": seen.allocator_peak_bytes,
+            "tracked_with_transients_bytes": seen.peak_with_transients(),
+            **stats,
             "allocator_peak_inside_tracker_bytes": mem.cuda_peak_bytes,
-            "allocator_over_tracked": None if allocator is None else allocator / mem.peak_bytes,
+            "allocator_over_tracked": allocator / mem.peak_bytes,
+            "max_memory_allocated_over_allocator_peak": most / allocator
+            if most is not None and allocator else None,
+            "top_transients": [{"op": p.op, "phase": p.phase, "step": p.step,
+                                "bytes": p.transient_bytes} for p in seen.transients(3)],
+            "at_allocator_peak": _split(seen.allocator_peak_point()),
+            "allocator_end_bytes": seen.allocator_current_bytes,   # vs the tracker's end:
+            "tracked_end_bytes": seen.current_bytes,               # what the step kept unseen
         })
         del model
     return rows
+
+
+def _split(point) -> dict:
+    """The allocator's peak, split: tracked storages, what the op held only while it ran,
+    and what the allocator held beyond both (rounding, workspaces, memory made outside ops)."""
+    return {"op": point.op, "phase": point.phase, "step": point.step,
+            "tracked_bytes": point.live_bytes, "transient_bytes": point.transient_bytes,
+            "untracked_bytes": point.allocator_bytes - point.live_bytes}
 
 
 def offload_check(device: torch.device, quick: bool) -> dict:

@@ -21,7 +21,19 @@ def test_quick_run_on_cpu_fills_every_section(tmp_path, one_thread):
         assert "error" not in result[section], result[section]
     rows = result["tracker_vs_allocator"]
     assert len(rows) == 6 and all(r["tracked_peak_bytes"] > 0 for r in rows)
-    assert all(r["allocator_peak_bytes"] is None for r in rows)      # no allocator on CPU
+    for r in rows:
+        # allocator=True leaves the tracker's count alone; the allocator sees at least as much
+        assert r["tracked_peak_bytes_allocator_mode"] == r["tracked_peak_bytes"], r
+        assert r["allocator_peak_bytes"] >= r["tracked_peak_bytes"], r
+        assert r["tracked_peak_bytes"] <= r["tracked_with_transients_bytes"], r
+        assert r["max_memory_allocated_bytes"] is None and r["memory_reserved_bytes"] is None
+        # the gap, split at the allocator's peak: op temporaries + what no storage explains
+        split = r["at_allocator_peak"]
+        assert split["tracked_bytes"] + split["transient_bytes"] + split["untracked_bytes"] \
+            == r["allocator_peak_bytes"], r
+    convs = [r for r in rows if r["workload"].startswith("resnet")]
+    assert all(r["top_transients"][0]["op"].startswith("convolution_backward") for r in convs)
+    assert all(r["allocator_peak_bytes"] > r["tracked_peak_bytes"] for r in convs)
     off = result["offload"]
     assert off["grads_equal"] and off["plain_repeat_grads_equal"]   # CPU fp32: bitwise
     assert off["torch_save_on_cpu_grads_equal"]
@@ -121,6 +133,11 @@ def test_committed_gpu_results_are_consistent():
         # the allocator holds every tensor track_memory counts, plus rounding and workspaces
         assert row["allocator_peak_bytes"] >= row["tracked_peak_bytes"], row
         assert row["allocator_over_tracked"] < 1.5, row
+        if "max_memory_allocated_bytes" in row:   # written since track_memory(allocator=True)
+            assert row["tracked_peak_bytes_allocator_mode"] == row["tracked_peak_bytes"], row
+            # its replay of the allocator's events is torch.cuda's own count, within 1%
+            assert abs(row["max_memory_allocated_over_allocator_peak"] - 1) <= 0.01, row
+            assert row["max_memory_reserved_bytes"] >= row["max_memory_allocated_bytes"], row
     off = result["offload"]
     assert off["pinned"] and off["copied_bytes"] == off["bytes_offloaded"] > 0
     assert off["offload_allocator_peak_bytes"] < off["plain_allocator_peak_bytes"]

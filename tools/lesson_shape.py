@@ -65,7 +65,7 @@ def renderings(value) -> list[str]:
     """The ways a lesson might print an answer (numbers only; short ones are too common)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return []
-    from ckpt_lab.lessons.course import fmt_bytes
+    from ckpt_lab.lessons.units import fmt_bytes
     forms = {f"{value:,.0f}", f"{value:.0f}", f"{value:.2f}", f"{value:.3g}", f"{value:,.2f}"}
     if abs(value) >= 1024:
         forms.add(fmt_bytes(value))

@@ -21,6 +21,7 @@ import torch
 
 import ckpt_lab
 from ckpt_lab.lessons.claims import Claims, claims, ledger  # noqa: F401  (course.claims)
+from ckpt_lab.lessons.units import GIB, MIB, fmt_bytes  # noqa: F401  (course.fmt_bytes)
 
 REPO_SLUG = "ckpt-lab/ckpt-lab"
 BRANCH = "main"
@@ -41,10 +42,6 @@ LESSONS = {
     "11_checkpointing_in_your_stack": "Checkpointing in your stack: Hugging Face, selective API, offload, torch.compile",
     "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
 }
-
-MIB = 2 ** 20
-GIB = 2 ** 30
-
 
 # ---------------------------------------------------------------------------------- links
 def _notebook(name: str) -> str:
@@ -139,15 +136,6 @@ def corpus_tokens() -> torch.Tensor:
 
 
 # --------------------------------------------------------------------- measured vs predicted
-def fmt_bytes(n: float) -> str:
-    """Bytes as a short human string in KiB/MiB/GiB."""
-    n = float(n)
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,.0f} B"
-
-
 def compare(label: str, measured: float, predicted: float, low: float = 0.95,
             high: float = 1.05, unit: str = "bytes") -> float:
     """Print measured, predicted and their ratio; raise AssertionError if the ratio leaves
