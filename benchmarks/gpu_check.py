@@ -16,6 +16,14 @@ Four measurements, each at the GPU sizes the lessons pick by themselves (`course
 * policies: `benchmarks.bench_train` on the GPT at GPU size: step time, FLOPs and peak of each
   checkpoint policy (none, every block, every 2nd block, selective, PyTorch's selective when
   the benchmark has it).
+* throughput: `benchmarks.bench_throughput` at GPU size: tokens per second at equal global
+  batch, checkpointing a larger micro-batch against accumulation, for two memory budgets.
+* fragmentation (CUDA only): a training loop whose sequence length changes every step, once
+  with the caching allocator's defaults and once with
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (each in its own process: the setting is
+  read when CUDA initialises), first on the whole device, then capped a little above the
+  step's peak: allocated and reserved bytes per step, the inactive split bytes (reserved
+  memory cut into pieces too small to reuse), allocation retries and out-of-memory errors.
 
 `scripts/gpu_check.sh` runs this, then every CUDA test and every lesson at GPU sizes, and folds
 their pass/fail counts into the same JSON. On a machine without CUDA, `--quick` runs the same
@@ -25,8 +33,10 @@ Run: python -m benchmarks.gpu_check [--quick] [--out PATH]
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -250,6 +260,111 @@ def policies_check(quick: bool, out_dir: Path) -> dict:
     return bench_train.main(out_path=out_dir / "train.json", quick=quick)
 
 
+def throughput_check(quick: bool, out_dir: Path) -> dict:
+    """`benchmarks.bench_throughput` at the device's size, written beside this JSON."""
+    from benchmarks import bench_throughput
+    return bench_throughput.main(out_path=out_dir / "throughput.json", quick=quick)
+
+
+# ------------------------------------------------------------------------- fragmentation
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ROOT = Path(__file__).resolve().parent.parent
+ALLOCATOR_COUNTERS = {
+    "allocated_peak_bytes": "allocated_bytes.all.peak",
+    "reserved_peak_bytes": "reserved_bytes.all.peak",
+    "inactive_split_peak_bytes": "inactive_split_bytes.all.peak",
+    "inactive_split_bytes": "inactive_split_bytes.all.current",
+    "segments_peak": "segment.all.peak",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+    "num_device_alloc": "num_device_alloc",
+    "num_device_free": "num_device_free",
+}
+
+
+def allocator_stats(stats: dict) -> dict:
+    """The counters of ``torch.cuda.memory_stats()`` that show fragmentation, renamed; a
+    counter this PyTorch does not report is None."""
+    return {name: stats.get(key) for name, key in ALLOCATOR_COUNTERS.items()}
+
+
+def _fragmentation_phase(model, optimizer, x, y, lengths, cap_bytes=None) -> dict:
+    """Train on `lengths` (one sequence length per step), reading the allocator each step."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    if cap_bytes is not None:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(cap_bytes / total, 1.0))
+    steps, error = [], None
+    for T in lengths:
+        try:
+            model(x[:, :T], y[:, :T]).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        except torch.OutOfMemoryError as e:
+            error = str(e).splitlines()[0]
+            optimizer.zero_grad(set_to_none=True)
+            break
+        torch.cuda.synchronize()
+        steps.append({"seq": T, "allocated_bytes": torch.cuda.memory_allocated(),
+                      "reserved_bytes": torch.cuda.memory_reserved()})
+    out = {"cap_bytes": cap_bytes, "steps": steps, "completed": len(steps) == len(lengths),
+           "oom": error, "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+           "max_reserved_bytes": torch.cuda.max_memory_reserved(),
+           **allocator_stats(torch.cuda.memory_stats())}
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    return out
+
+
+def fragmentation_child(quick: bool) -> dict:
+    """What one process measures (its allocator setting came with its environment)."""
+    out = {"alloc_conf": os.environ.get(ALLOC_CONF), "cuda": torch.cuda.is_available()}
+    if not torch.cuda.is_available():
+        return {**out, "skipped": "no CUDA device: the caching allocator is CUDA's"}
+    preset = "gpt-tiny" if quick else "gpt-gpu"
+    cfg = get_config(preset, dropout=0.0)
+    full = cfg.block_size
+    lengths = [full // 4, full, full * 3 // 8, full * 7 // 8, full // 2, full * 3 // 4,
+               full * 5 // 8, full]
+    torch.manual_seed(0)
+    model = build_model(cfg, "none").cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = TextBatches(load_corpus(), 8, full, seed=0).get(0)
+    x, y = x.cuda(), y.cuda()
+    start = time.perf_counter()
+    whole = _fragmentation_phase(model, optimizer, x, y, lengths)
+    cap = int(1.10 * whole["max_allocated_bytes"])
+    capped = _fragmentation_phase(model, optimizer, x, y, lengths, cap_bytes=cap)
+    return {**out, "preset": preset, "batch": 8, "lengths": lengths, "whole_device": whole,
+            "capped": capped, "seconds": time.perf_counter() - start}
+
+
+def run_child(alloc_conf: str | None, quick: bool, timeout: float = 180) -> dict:
+    """`fragmentation_child` in a fresh process whose environment sets (or unsets)
+    PYTORCH_CUDA_ALLOC_CONF, so the allocator reads it when CUDA initialises."""
+    env = {k: v for k, v in os.environ.items() if k != ALLOC_CONF}
+    if alloc_conf is not None:
+        env[ALLOC_CONF] = alloc_conf
+    args = [sys.executable, "-m", "benchmarks.gpu_check", "--fragmentation-child"]
+    run = subprocess.run(args + (["--quick"] if quick else []), cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    if run.returncode != 0:
+        return {"error": f"exit {run.returncode}: {run.stderr.strip()[-800:]}"}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def fragmentation_check(device: torch.device, quick: bool) -> dict:
+    """Default allocator against expandable segments, each in its own process (CUDA only)."""
+    if device.type != "cuda":
+        return {"skipped": "CUDA only: torch.cuda.memory_reserved() and memory_stats() describe "
+                           "the CUDA caching allocator; a CPU has no caching allocator in "
+                           "PyTorch (see docs/recipes.md for what to read there instead)"}
+    torch.cuda.empty_cache()      # this process's cache is not the children's to compete with
+    return {"default": run_child(None, quick),
+            "expandable_segments": run_child("expandable_segments:True", quick)}
+
+
 def main(out_path: Path | None = None, quick: bool = False) -> dict:
     """Run every measurement, write one JSON, return it."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -264,13 +379,17 @@ def main(out_path: Path | None = None, quick: bool = False) -> dict:
     for name, fn in [("tracker_vs_allocator", lambda: tracker_vs_allocator(device, quick)),
                      ("offload", lambda: offload_check(device, quick)),
                      ("precision", lambda: precision_check(device, quick)),
-                     ("policies", lambda: policies_check(quick, out.parent))]:
+                     ("policies", lambda: policies_check(quick, out.parent)),
+                     ("throughput", lambda: throughput_check(quick, out.parent)),
+                     ("fragmentation", lambda: fragmentation_check(device, quick))]:
         start = time.perf_counter()
         try:
             result[name] = fn()
         except Exception as e:                  # one failing part must not hide the others
             result[name] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
+        seconds = time.perf_counter() - start
+        result.setdefault("section_seconds", {})[name] = round(seconds, 1)
+        print(f"{name}: {seconds:.1f} s", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {out}")
@@ -279,5 +398,8 @@ def main(out_path: Path | None = None, quick: bool = False) -> dict:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    path = Path(args[args.index("--out") + 1]) if "--out" in args else None
-    main(path, quick="--quick" in args)
+    if "--fragmentation-child" in args:
+        print(json.dumps(fragmentation_child(quick="--quick" in args)))
+    else:
+        path = Path(args[args.index("--out") + 1]) if "--out" in args else None
+        main(path, quick="--quick" in args)
