@@ -1,25 +1,18 @@
-"""The course's committed GPU run (benchmarks/results/gpu/*.json), read for lessons that cite it.
+"""Figures lessons 8 and 9 read from the committed GPU run (`committed.gpu_result`).
 
-A CPU cannot show what depends on scale (time ratios at large sizes, the CUDA allocator's
-cache), so lessons put the H200 figures beside their own run, labelled "H200 (committed run)",
-read from the file, never typed in. The files live in the repository, not in the installed
-package: where they are absent (a pip install on Colab) `load` returns None and the lesson says
-so instead of citing.
+A CPU cannot show what depends on scale (step-time ratios at large sizes, the CUDA allocator's
+cache), so these lessons put the H200 figures beside their own run, labelled "H200 (committed
+run)", read from the file, never typed in. Where the files are absent (a pip install on Colab)
+every function returns None and the lesson says so instead of citing.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import ckpt_lab
-
-RESULTS = Path(ckpt_lab.__file__).resolve().parent.parent / "benchmarks" / "results" / "gpu"
+from ckpt_lab.lessons.committed import gpu_result
 
 
 def load(name: str = "gpu_check") -> dict | None:
     """The committed result `name` (gpu_check, train) as a dict, or None where it is absent."""
-    path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    return gpu_result(name)
 
 
 def label() -> str:

@@ -36,35 +36,62 @@ def phase_spans(log: MemoryLog, phase: str = "recompute") -> list[tuple[int, int
     return spans
 
 
-def timeline(logs: dict[str, MemoryLog], ax=None, title="Live memory during one training step"):
-    """Live MiB after each operation, one line per run, points coloured by phase.
+def timeline(logs: dict[str, MemoryLog], ax=None, title="Live memory during one training step",
+             levels: dict[str, float] | None = None):
+    """Live MiB after each operation: one panel per run on shared axes, coloured by phase.
 
-    Each stretch of recompute operations is shaded, so the sawtooth of a segmented backward
-    (one tooth per recomputed segment) stands out from the backward around it.
+    Runs never share a panel, so a phase's colour (forward blue, recompute orange, backward
+    green, optimizer purple) means one thing: the legend has one entry per phase, and the
+    panel's title names its run and its peak, which is marked. Each stretch of recompute is
+    shaded, so the sawtooth of a segmented backward (one tooth per recomputed segment) stands
+    out. ``levels`` ({label: bytes}) draws reference levels, e.g. a prediction, as dashed lines.
+    Pass ``ax``, one Axes per run, to draw into existing axes.
     """
-    fig, ax = _axes(ax, (8, 3.5))
-    for k, (name, log) in enumerate(logs.items()):
+    runs = list(logs.items())
+    if not runs:
+        raise ValueError("timeline needs at least one run: {name: MemoryLog}")
+    if ax is None:
+        fig, grid = plt.subplots(len(runs), 1, figsize=(9.5, 0.9 + 2.1 * len(runs)), sharex=True,
+                                 sharey=True, squeeze=False)
+        axes = list(grid[:, 0])
+    else:
+        axes = list(ax) if isinstance(ax, (list, tuple)) else [ax]
+        if len(axes) != len(runs):
+            raise ValueError(f"timeline draws one run per Axes: got {len(runs)} runs and "
+                             f"{len(axes)} Axes; pass one Axes per run (or ax=None)")
+        fig = axes[0].figure
+    for a, (name, log) in zip(axes, runs):
         steps = [p.step for p in log.timeline]
         live = [p.live_bytes / MIB for p in log.timeline]
-        ax.plot(steps, live, lw=1.2, color=RUN_COLORS[k % len(RUN_COLORS)],
-                label=f"{name} (peak {log.peak_bytes / MIB:.1f} MiB)")
+        phases = [p.phase for p in log.timeline]
         for first, last in phase_spans(log, "recompute"):
-            ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS["recompute"], alpha=0.15,
-                       lw=0)
+            a.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS["recompute"], alpha=0.15, lw=0)
         for phase, color in PHASE_COLORS.items():
-            pts = [(p.step, p.live_bytes / MIB) for p in log.timeline if p.phase == phase]
-            if pts and phase != "forward":
-                ax.scatter(*zip(*pts), s=12 if phase == "recompute" else 4, color=color,
-                           zorder=4 if phase == "recompute" else 3)
-    handles, labels = ax.get_legend_handles_labels()
-    for phase, color in PHASE_COLORS.items():
-        if any(p.phase == phase for log in logs.values() for p in log.timeline) \
-                and phase != "forward":
-            handles.append(plt.Line2D([], [], ls="", marker="o", color=color))
-            labels.append(f"{phase} ops" + (" (shaded)" if phase == "recompute" else ""))
-    ax.legend(handles, labels, fontsize=8)
-    ax.set(title=title, xlabel="operation (in order)", ylabel="live memory (MiB)")
-    ax.set_ylim(bottom=0)
+            if phase not in phases:
+                continue
+            # a point belongs to its phase's line, and so does the point before it (no gaps)
+            ys = [y if ph == phase or (i + 1 < len(phases) and phases[i + 1] == phase)
+                  else float("nan") for i, (y, ph) in enumerate(zip(live, phases))]
+            a.plot(steps, ys, lw=1.4, color=color, label=phase)
+        if log.timeline:
+            top = max(log.timeline, key=lambda p: p.live_bytes)
+            a.plot([top.step], [top.live_bytes / MIB], "v", color="black", ms=7, label="peak")
+        for k, (label, value) in enumerate((levels or {}).items()):
+            a.axhline(value / MIB, color=RUN_COLORS[1 + k % (len(RUN_COLORS) - 1)], ls="--",
+                      lw=1, label=label)
+        a.set_title(f"{name} (peak {log.peak_bytes / MIB:.2f} MiB)", fontsize=10)
+        a.set_ylabel("live (MiB)")
+        a.set_ylim(bottom=0)
+    handles = {}
+    for a in axes:
+        for h, l in zip(*a.get_legend_handles_labels()):
+            handles.setdefault(l, h)
+    order = [l for l in PHASE_COLORS if l in handles] + [l for l in handles if l not in PHASE_COLORS]
+    axes[0].legend([handles[l] for l in order], order, fontsize=8, loc="upper left",
+                   bbox_to_anchor=(1.01, 1))
+    axes[-1].set_xlabel("operation (in order)")
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     return fig
 
@@ -85,23 +112,28 @@ def side_by_side(names, peak_bytes, seconds, title="Memory and time per training
 
 
 def stacked(breakdowns: dict[str, dict[str, int]], predicted: dict[str, int] | None = None,
-            ax=None, title="Where the memory of a training step goes"):
-    """Stacked bars of measured bytes per part (MiB); predicted totals as horizontal lines."""
-    fig, ax = _axes(ax, (8, 4))
+            ax=None, title="Where the memory of a training step goes", ylabel="MiB", scale=MIB):
+    """Stacked bars of measured bytes per part (MiB, or ``ylabel`` after dividing by ``scale``);
+    predicted totals as horizontal lines. A part is coloured by the phase that makes it
+    (`PART_COLORS`): activations forward blue, gradients backward green, optimizer states
+    purple."""
+    fig, ax = _axes(ax, (9, 4))
     labels = list(breakdowns)
     parts = list(dict.fromkeys(p for d in breakdowns.values() for p in d))
     bottoms = [0.0] * len(labels)
     for i, part in enumerate(parts):
-        vals = [breakdowns[l].get(part, 0) / MIB for l in labels]
-        ax.bar(labels, vals, bottom=bottoms, label=f"{part} (measured)", color=f"C{i}")
+        vals = [breakdowns[l].get(part, 0) / scale for l in labels]
+        ax.bar(labels, vals, bottom=bottoms, label=f"{part} (measured)", color=_part_color(part, i))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     if predicted:
         for j, label in enumerate(labels):
             if label in predicted:
-                ax.hlines(predicted[label] / MIB, j - 0.4, j + 0.4, colors="k", lw=2,
+                ax.hlines(predicted[label] / scale, j - 0.4, j + 0.4, colors="k", lw=2,
                           label="predicted total" if j == 0 else None)
-    ax.set(title=title, ylabel="MiB")
-    ax.legend(fontsize=8)
+    ax.set(title=title, ylabel=ylabel)
+    tops = bottoms + [predicted[l] / scale for l in labels if predicted and l in predicted]
+    ax.set_ylim(0, 1.08 * max(tops))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.tick_params(axis="x", labelrotation=15)
     fig.tight_layout()
     return fig
@@ -115,7 +147,7 @@ def measured_vs_predicted(x, measured, predicted, xlabel: str, title: str, ax=No
     Drawing several series into one ``ax``: give each its own ``color`` and labels.
     """
     fig, ax = _axes(ax)
-    line, points = (color, color) if color is not None else ("C1", "C0")
+    line, points = (color, color) if color is not None else ("tab:gray", "black")   # no phase colour
     ax.plot(x, [p / scale for p in predicted], "-", color=line, label=label_predicted)
     ax.plot(x, [m / scale for m in measured], "o", color=points, label=label_measured)
     if marker_x is not None:
@@ -149,6 +181,181 @@ def budget_scatter(names, peak_bytes, cost, budget_bytes: int, fits=None, ax=Non
     return fig
 
 
+# ------------------------------------------------------------- lessons 00-03 (tour, 1, 2, 3)
+# A part of memory takes the colour of the phase that makes it; what no phase makes is grey.
+PART_COLORS = {"parameters": "tab:gray", "activations": PHASE_COLORS["forward"],
+               "gradients": PHASE_COLORS["backward"], "optimizer states": PHASE_COLORS["optimizer"],
+               "master copy": "tab:brown"}
+_SPARE_COLORS = ("tab:cyan", "tab:olive", "tab:pink", "tab:brown", "tab:gray")   # never a phase's
+
+
+def _part_color(part: str, index: int) -> str:
+    return PART_COLORS.get(part, _SPARE_COLORS[index % len(_SPARE_COLORS)])
+
+
+VERDICTS = ("right", "WRONG, silently", "refuses")
+VERDICT_COLORS = {"right": "#e5f5e0", "WRONG, silently": "tab:red", "refuses": "#d9d9d9"}
+
+
+def verdict_of(outcome: str) -> str:
+    """The kind of an outcome string: "right", "WRONG, silently" or "refuses"."""
+    for kind in VERDICTS:
+        if outcome.startswith(kind):
+            return kind
+    raise ValueError(f"an outcome starts with one of {VERDICTS}, got {outcome!r}")
+
+
+def verdict_grid(table: dict[str, dict[str, str]], guesses: dict[str, str] | None = None,
+                 guess_column: str | None = None, ax=None,
+                 title="Is the gradient right? (measured)"):
+    """Cases x implementations as a grid of measured outcomes: right, WRONG silently, refuses.
+
+    ``table[case][implementation]`` is an outcome string that starts with its kind (the rest,
+    e.g. "(CheckpointError)", is printed in the cell). Any number of rows and columns. With
+    ``guesses`` ({case: kind}, "wrong" standing for "WRONG, silently") the cells of
+    ``guess_column`` are outlined: solid where the guess was right, dashed where it was not,
+    with the guess written in.
+    """
+    cases = list(table)
+    columns = list(dict.fromkeys(c for row in table.values() for c in row))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(2.5 + 1.75 * len(columns), 1.2 + 0.5 * len(cases)))
+    else:
+        fig = ax.figure
+    for i, case in enumerate(cases):
+        for j, column in enumerate(columns):
+            outcome = table[case].get(column)
+            if outcome is None:
+                continue
+            kind = verdict_of(outcome)
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=VERDICT_COLORS[kind],
+                                       edgecolor="white", lw=1.5))
+            detail = outcome[len(kind):].strip(" ,")
+            text = kind.replace(", ", ",\n") + (f"\n{detail}" if detail else "")
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=7,
+                    color="white" if kind == "WRONG, silently" else "black")
+    if guesses and guess_column in columns:
+        j = columns.index(guess_column)
+        aliases = {"wrong": "WRONG, silently", "refuse": "refuses"}
+        guesses = {k: aliases.get(str(v).strip().lower(), str(v).strip().lower()
+                                  if str(v).strip().lower() in ("right", "refuses") else str(v))
+                   for k, v in guesses.items()}
+        for i, case in enumerate(cases):
+            if case in guesses and guess_column in table[case]:
+                hit = guesses[case] == verdict_of(table[case][guess_column])
+                ax.add_patch(plt.Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, fill=False, lw=2.2,
+                                           ls="-" if hit else "--", edgecolor="black"))
+                ax.text(j + 0.5, i + 0.9, f"you: {guesses[case].split(',')[0]}", ha="center",
+                        va="bottom", fontsize=6.5, style="italic",
+                        color="white" if verdict_of(table[case][guess_column]) ==
+                        "WRONG, silently" else "black")
+    ax.set_xlim(0, len(columns))
+    ax.set_ylim(len(cases), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(columns))], columns, fontsize=8)
+    ax.set_yticks([i + 0.5 for i in range(len(cases))], cases, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=VERDICT_COLORS[k]) for k in VERDICTS]
+    labels = list(VERDICTS)
+    if guesses:
+        handles += [plt.Rectangle((0, 0), 1, 1, fill=False, lw=2, ls=ls, edgecolor="black")
+                    for ls in ("-", "--")]
+        labels += ["your guess, right", "your guess, wrong"]
+    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def bars(names, measured, ylabel: str, title: str, predicted=None, guess: dict | None = None,
+         ax=None, scale: float = 1.0):
+    """One measured bar per name; predictions as black ticks, a guess ({name: value}) as dashed.
+
+    Values are divided by ``scale`` (e.g. MIB) before drawing; bars are grey (no phase).
+    """
+    if predicted is not None and len(predicted) != len(names):
+        raise ValueError("predicted needs one value per name")
+    fig, ax = _axes(ax, (6, 3.2))
+    xs = range(len(names))
+    ax.bar(xs, [m / scale for m in measured], color="tab:gray", width=0.6, label="measured")
+    if predicted is not None:
+        ax.hlines([p / scale for p in predicted], [x - 0.35 for x in xs], [x + 0.35 for x in xs],
+                  colors="black", lw=2, label="predicted")
+    for name, value in (guess or {}).items():
+        x = list(names).index(name)
+        ax.hlines(value / scale, x - 0.4, x + 0.4, colors="black", lw=1.5, ls="--",
+                  label="your guess")
+    ax.set_xticks(list(xs), list(names))
+    ax.set(title=title, ylabel=ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def grouped_bars(series: dict[str, dict[str, float]], ylabel: str, title: str,
+                 reference: float | None = None, ax=None):
+    """Bars grouped by metric, one colour per series (black, grey, ...: never a phase's).
+
+    ``series[name][metric]`` is a value; ``reference`` draws a dotted line (e.g. 1.0 for
+    ratios to a baseline) and each bar carries its value.
+    """
+    metrics = list(dict.fromkeys(m for values in series.values() for m in values))
+    fig, ax = _axes(ax, (7, 3.2))
+    width = 0.8 / max(len(series), 1)
+    for k, (name, values) in enumerate(series.items()):
+        xs = [i - 0.4 + width * (k + 0.5) for i, m in enumerate(metrics) if m in values]
+        ys = [values[m] for m in metrics if m in values]
+        drawn = ax.bar(xs, ys, width=width * 0.95, color=RUN_COLORS[k % len(RUN_COLORS)],
+                       label=name)
+        ax.bar_label(drawn, fmt="%.2f", fontsize=7)
+    if reference is not None:
+        ax.axhline(reference, color="black", ls=":", lw=1)
+    ax.set_xticks(range(len(metrics)), metrics)
+    ax.set(title=title, ylabel=ylabel)
+    top = max([v for values in series.values() for v in values.values()] + [reference or 0])
+    ax.set_ylim(0, 1.3 * top)                    # room for the legend above the bars
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def segment_curve(counts, measured, predicted=None, guess=None, ax=None,
+                  title="Peak memory against segment count", ylabel="peak (MiB)", scale=MIB):
+    """Measured peaks as points against segment count; a prediction as a line; a guess dashed."""
+    fig, ax = _axes(ax, (7, 3.3))
+    if predicted is not None:
+        ax.plot(counts, [p / scale for p in predicted], "-", color="tab:gray", label="predicted")
+    ax.plot(counts, [m / scale for m in measured], "o", color="black", ms=5, label="measured")
+    if guess is not None:
+        ax.axvline(guess, color="black", ls="--", lw=1, label=f"your guess: {guess}")
+    ax.set(title=title, xlabel="segments S", ylabel=ylabel)
+    ax.set_xticks(list(counts))
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def segment_units(counts, kept_inputs, last_segment, measured, ax=None,
+                  title="Kept inputs + the last segment (units of one block's activations)"):
+    """The predicted peak in units, stacked: S - 1 kept inputs under the last segment's layers;
+    the measured peak (in the same units) as points on top."""
+    fig, ax = _axes(ax, (7, 3.3))
+    ax.bar(counts, kept_inputs, color="tab:gray", alpha=0.6, label="predicted: kept inputs (S - 1)")
+    ax.bar(counts, last_segment, bottom=kept_inputs, color="tab:cyan", alpha=0.6,
+           label="predicted: the last segment's blocks")
+    ax.plot(counts, measured, "o", color="black", ms=5, label="measured")
+    ax.set(title=title, xlabel="segments S", ylabel="units")
+    ax.set_xticks(list(counts))
+    ax.set_ylim(0, 1.25 * max(measured))
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------ lessons 08, 09 and 10
 # Figures of lesson 8 (capacity and out-of-memory), lesson 9 (checking the articles) and
 # lesson 10 (your own model). Measured values are points or bars, predictions lines; no phase
@@ -156,7 +363,7 @@ def budget_scatter(names, peak_bytes, cost, budget_bytes: int, fits=None, ax=Non
 GIB = 2 ** 30
 MEASURED = "tab:red"          # measured points
 PREDICTED = "black"           # predicted lines
-PART_COLORS = ("tab:gray", "tab:cyan", "tab:pink", "tab:olive", "tab:brown")  # not phases
+NEUTRAL_COLORS = ("tab:gray", "tab:cyan", "tab:pink", "tab:olive", "tab:brown")  # not phases
 
 
 def segments_label(strategy: str) -> str:
@@ -176,9 +383,9 @@ def capacity_bars(state_bytes: dict, activation_bytes: dict, leanest_bytes: dict
     fig, ax = _axes(ax, (7.5, 3.8))
     names = list(state_bytes)
     state = [state_bytes[n] / GIB for n in names]
-    ax.bar(names, state, color=PART_COLORS[0], label="model state (16 B/param)")
+    ax.bar(names, state, color=NEUTRAL_COLORS[0], label="model state (16 B/param)")
     ax.bar(names, [activation_bytes[n] / GIB for n in names], bottom=state,
-           color=PART_COLORS[1], label="activations, no checkpoint, micro-batch 8")
+           color=NEUTRAL_COLORS[1], label="activations, no checkpoint, micro-batch 8")
     ax.plot(names, [leanest_bytes[n] / GIB for n in names], "D", color=PREDICTED, ms=7,
             label="leanest plan: recursive, micro-batch 1")
     for (label, nbytes), ls in zip(budgets.items(), ("--", ":", "-.")):
@@ -213,7 +420,7 @@ def layer_bars(terms_by_variant: dict, ax=None, title="One layer's saved bytes (
     left = [0.0] * len(labels)
     for i, part in enumerate(next(iter(parts.values()))):
         vals = [parts[v][part] / GIB for v in labels]
-        ax.barh(labels, vals, left=left, color=("tab:red", *PART_COLORS)[i], label=part)
+        ax.barh(labels, vals, left=left, color=("tab:red", *NEUTRAL_COLORS)[i], label=part)
         left = [a + b for a, b in zip(left, vals)]
     for y, total in enumerate(left):
         ax.text(total, y, f" {total:.2f} GiB", va="center", fontsize=8)
@@ -328,11 +535,11 @@ def u_curves(panels: list, title="Step peak against the number of segments S"):
         ax.plot(p["s"], [v / MIB for v in p["predicted"]], "-", color=PREDICTED, lw=1.2,
                 label="predicted")
         for label, (s, values) in p.get("other", {}).items():
-            ax.plot(s, [v / MIB for v in values], ":", color=PART_COLORS[0], label=label)
+            ax.plot(s, [v / MIB for v in values], ":", color=NEUTRAL_COLORS[0], label=label)
         ax.plot(p["s_measured"], [v / MIB for v in p["measured"]], "o", color=MEASURED,
                 label="measured")
         best = min(zip(p["predicted"], p["s"]))[1]
-        ax.axvline(best, color=PART_COLORS[0], ls="--", lw=1, label=f"least: S = {best}")
+        ax.axvline(best, color=NEUTRAL_COLORS[0], ls="--", lw=1, label=f"least: S = {best}")
         ax.set(title=p["title"], xlabel="segments S", ylabel="step peak (MiB)")
         ax.set_ylim(0, 1.15 * max(p["measured"]) / MIB)
         ax.legend(fontsize=7)
@@ -346,11 +553,11 @@ def band_bars(values: dict, band: tuple, band_label: str, ax=None, ylabel="fract
     """One measured bar per case (fractions shown as %), the claimed range as a shaded band."""
     fig, ax = _axes(ax, (6.5, 3.2))
     labels = list(values)
-    bars = ax.bar(labels, [100 * v for v in values.values()], color=PART_COLORS[1], label="measured")
+    bars = ax.bar(labels, [100 * v for v in values.values()], color=NEUTRAL_COLORS[1], label="measured")
     for bar, v in zip(bars, values.values()):
         ax.text(bar.get_x() + bar.get_width() / 2, 100 * v, f"{v:.1%}", ha="center", va="bottom",
                 fontsize=8)
-    ax.axhspan(100 * band[0], 100 * band[1], color=PART_COLORS[0], alpha=0.25, label=band_label)
+    ax.axhspan(100 * band[0], 100 * band[1], color=NEUTRAL_COLORS[0], alpha=0.25, label=band_label)
     ax.set(title=title, ylabel=ylabel + " (%)")
     ax.set_ylim(0, 100 * max(max(values.values()), band[1]) * 1.2)
     ax.legend(fontsize=7, loc="upper left")
@@ -370,19 +577,19 @@ def plan_profile(profile, boundaries, measured: dict, predicted: dict, budget_by
     n, last = len(profile), list(boundaries)[-1]
     xs = range(n)
     left.bar(xs, [p.act_bytes / MIB for p in profile],
-             color=[PHASE_COLORS["recompute"] if i < last else PART_COLORS[0] for i in xs])
+             color=[PHASE_COLORS["recompute"] if i < last else NEUTRAL_COLORS[0] for i in xs])
     left.plot(xs, [p.out_bytes / MIB for p in profile], "D", color=PREDICTED, ms=5)
     for b in list(boundaries)[1:]:
         left.axvline(b - 0.5, color=PREDICTED, ls="--", lw=1)
     handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["recompute"],
                              label="saved, recomputed in backward"),
-               plt.Rectangle((0, 0), 1, 1, color=PART_COLORS[0], label="saved, last segment"),
+               plt.Rectangle((0, 0), 1, 1, color=NEUTRAL_COLORS[0], label="saved, last segment"),
                plt.Line2D([], [], ls="", marker="D", color=PREDICTED, label="output"),
                plt.Line2D([], [], ls="--", color=PREDICTED, lw=1, label="segment start")]
     left.legend(handles=handles, fontsize=7)
     left.set(title="per layer (measured)", xlabel="layer", ylabel="MiB", xticks=list(xs))
     names = list(measured)
-    right.bar(names, [measured[k] / MIB for k in names], color=PART_COLORS[1],
+    right.bar(names, [measured[k] / MIB for k in names], color=NEUTRAL_COLORS[1],
               label="measured step peak")
     right.plot(names, [predicted[k] / MIB for k in names], "_", color=PREDICTED, ms=40, mew=2,
                label="step model")
