@@ -39,7 +39,7 @@ LESSONS = {
     "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
     "09_checking_the_claims": "Checking the claims of the source articles",
     "10_your_own_model": "Your own model: profile, plan, apply, verify",
-    "11_checkpointing_in_your_stack": "Checkpointing in your stack: Hugging Face, selective API, offload, torch.compile",
+    "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
     "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
 }
 
