@@ -49,7 +49,7 @@ STUDY_RULE = (f"prose words / {WORDS_PER_MINUTE} per minute + {MINUTES_PER_CODE_
               f"per code cell + {MINUTES_PER_EXERCISE} min per exercise, rounded to "
               f"{ROUND_TO} min")
 
-_EXERCISE = re.compile(r"""exercises\.check\(\s*["']([^"']+)["']""")
+_EXERCISE = re.compile(r"""exercises\.(?:check|predict)\(\s*["']([^"']+)["']""")   # predictions too
 _LINK_TARGET = re.compile(r"(!?\[[^\]]*\])\(([^)\s]*)(\s+\"[^\"]*\")?\)")
 _WORD = re.compile(r"\S*\w\S*")
 
@@ -76,7 +76,8 @@ def prose_words(nb) -> int:
 
 
 def exercise_keys(nb) -> list[str]:
-    """The exercises of a notebook: the distinct keys its code passes to `exercises.check`."""
+    """The exercises of a notebook: the distinct keys its code passes to `exercises.check` or
+    commits with `exercises.predict` (a lesson in the lesson form)."""
     keys = []
     for cell in nb.cells:
         if cell.cell_type == "code":

@@ -40,7 +40,7 @@ LESSONS = {
     "09_checking_the_claims": "Checking the claims of the source articles",
     "10_your_own_model": "Your own model: profile, plan, apply, verify",
     "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
-    "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
+    "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
 }
 
 # ---------------------------------------------------------------------------------- links

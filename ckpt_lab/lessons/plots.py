@@ -294,3 +294,54 @@ def allocation_timeline(live_bytes: list[int], phases: list[str], ax=None,
     ax.legend(fontsize=8, markerscale=4)
     fig.tight_layout()
     return fig
+
+
+# The bands of one GPU's memory in lesson 12: state parts in the phase that makes them
+# (gradients: backward green, Adam: optimizer purple, activations: forward blue), weights gray;
+# a copy of the same bytes shares its colour, hatched (DDP's buckets, FSDP's gathered weights).
+STATE_BANDS = {"weights": "tab:gray", "gradients": PHASE_COLORS["backward"],
+               "buckets": PHASE_COLORS["backward"], "Adam": PHASE_COLORS["optimizer"],
+               "gathered weights": "tab:gray", "activations & buffers": PHASE_COLORS["forward"]}
+STATE_HATCHES = {"buckets": "//", "gathered weights": "//"}
+
+
+def live_per_op(series: dict[str, list[int]], ax=None, predicted: dict[str, int] | None = None,
+                labels: list[str] | None = None, title=""):
+    """Live MiB after each operation of a schedule, one measured series per run (points and a
+    thin line); a run's predicted peak as a dashed line in its colour."""
+    fig, ax = _axes(ax, (6, 3))
+    for i, (name, live) in enumerate(series.items()):
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        ax.plot([b / MIB for b in live], "o-", ms=4, lw=0.8, color=color, label=name)
+        if predicted and name in predicted:
+            ax.axhline(predicted[name] / MIB, ls="--", lw=1, color=color,
+                       label=f"{name}: predicted peak")
+    if labels:
+        ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set(title=title, xlabel="operation on this stage", ylabel="live MiB")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundaries=(), ax=None,
+                  title="Checkpoint segments: the plan requested and what each stage ran"):
+    """One row per plan: its checkpointed segments (recomputed: orange) over the layer indices
+    [start, end); stage boundaries dashed."""
+    fig, ax = _axes(ax, (8, 0.6 + 0.45 * len(plans)))
+    for row, spans in enumerate(plans.values()):
+        for a, b in spans:
+            ax.barh(row, b - a, left=a, height=0.6, color=PHASE_COLORS["recompute"],
+                    edgecolor="white", lw=2)
+    for i, x in enumerate(boundaries):
+        ax.axvline(x, ls="--", color="k", lw=1, label="stage boundary" if i == 0 else None)
+    ax.set_yticks(range(len(plans)), list(plans), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xticks(range(layers + 1))
+    ax.set_xlim(0, layers)
+    ax.set(title=title, xlabel="layer index in model.layers() (0: embedding, last: head)")
+    if boundaries:
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
