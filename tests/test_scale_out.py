@@ -1,6 +1,8 @@
 """Lesson 12 on two real processes (gloo): DDP, FSDP2 and pipeline stages give the losses and
 gradients of one process on the same global batch, and each rank's bytes match
 `parallel_formulas`. One launch per engine keeps the file fast."""
+import time
+
 import pytest
 import torch
 
@@ -191,6 +193,46 @@ def test_pipeline_stash_and_peaks_match_the_formulas(pipe):
         assert crossing == aligned
         assert stage[4]["stash_bytes"][0] == pf.stage_stash_bytes(
             layers, crossing, rows * CFG.block_size, CFG.vocab_size, last)
+
+
+@pytest.mark.parametrize("rows, m", [(5, 4), (6, 4), (3, 4), (4, 3)])
+def test_pipeline_refuses_a_batch_the_micro_batches_do_not_divide_before_any_work(rows, m):
+    # torch.chunk(5 rows, 4) makes 3 micro-batches (an IndexError at the 4th), (6, 4) makes
+    # 2,2,2 (ditto), (4, 3) makes 2,2 and (3, 4) 1,1,1. Checked before the process group is
+    # touched: this test starts no process.
+    x, y = TextBatches(load_corpus(), 6, CFG.block_size).get(0)
+    with pytest.raises(ValueError, match=f"{rows} rows does not split into {m} equal "
+                                         "micro-batches") as info:
+        scale_out.pipeline_step(CFG, x[:rows], y[:rows], m)
+    assert "a micro_batches that divides" in str(info.value)
+    assert "multiple of" in str(info.value)
+
+
+@pytest.mark.parametrize("args, match", [
+    (dict(micro_batches=0), "positive int"), (dict(micro_batches=2.0), "positive int"),
+    (dict(micro_batches=True), "positive int"), (dict(kind="zigzag"), "gpipe"),
+    (dict(rows_y=2), "4 rows and y has 2")])
+def test_pipeline_refuses_other_bad_arguments_up_front(batch, args, match):
+    x, y = batch
+    y = y[:args.pop("rows_y", len(y))]
+    with pytest.raises(ValueError, match=match):
+        scale_out.pipeline_step(CFG, x, y, **{"micro_batches": 2, **args})
+
+
+def test_data_parallel_steps_share_the_check(batch):
+    # DDP and FSDP split the batch over ranks: the same check, run first on every rank
+    x, y = batch
+    scale_out.check_batch(x, y, 2, "shares, one per rank", "...")
+    with pytest.raises(ValueError, match="4 rows does not split into 3 equal shares"):
+        scale_out.check_batch(x, y, 3, "shares, one per rank", "launch a world_size")
+
+
+def test_a_bad_pipeline_batch_fails_every_stage_at_once_under_launch(batch):
+    x, y = TextBatches(load_corpus(), 5, CFG.block_size).get(0)
+    start = time.monotonic()
+    with pytest.raises(distributed.RankError, match="5 rows does not split into 4 equal"):
+        distributed.launch(scale_out.pipeline_step, CFG, x, y, 4, world_size=WORLD, timeout=60)
+    assert time.monotonic() - start < 50      # no stage waited on another
 
 
 def test_megatron_tensor_parallel_formula():

@@ -41,6 +41,34 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def check_batch(x: torch.Tensor, y: torch.Tensor, parts, what: str, fix: str) -> None:
+    """Refuse, before any work, a batch that does not split into `parts` equal shares.
+
+    ``torch.chunk`` splits an uneven batch into shares of different sizes, or fewer of them:
+    one rank or stage then indexes a share that is not there, or receives a smaller tensor
+    into a larger buffer (gloo allows it; the rows it did not write stay uninitialised).
+    `what` names the shares ("micro-batches"), `fix` the other way out.
+    """
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"the number of {what} must be a positive int, got {parts!r}")
+    rows = x.size(0)
+    if y.size(0) != rows:
+        raise ValueError(f"x has {rows} rows and y has {y.size(0)}: pass the targets of the "
+                         "same batch")
+    if rows % parts:
+        fits = [n for n in (rows - rows % parts, rows - rows % parts + parts) if n > 0]
+        raise ValueError(
+            f"a batch of {rows} rows does not split into {parts} equal {what} (torch.chunk "
+            f"would make uneven ones). Pass a batch whose rows are a multiple of {parts} "
+            f"(e.g. {' or '.join(map(str, fits))}), or {fix}.")
+
+
+def _check_rows(x: torch.Tensor, y: torch.Tensor) -> None:
+    """The same on every rank before any collective: the batch splits into one share a rank."""
+    n = dist.get_world_size()
+    check_batch(x, y, n, "shares, one per rank", f"launch a world_size that divides {x.size(0)}")
+
+
 def _my_rows(t: torch.Tensor) -> torch.Tensor:
     """This rank's equal share of a global batch (rows split in rank order), on its device."""
     n, r = dist.get_world_size(), dist.get_rank()
@@ -116,6 +144,7 @@ def ddp_step(cfg, x, y, policy="none", impl: str | None = None, **ddp_options) -
     """One DDP step on this rank's rows: global mean loss, gradients (rank 0), and bytes:
     DDP's buckets, the forward + backward peak (gradients allocated before), Adam's states."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+    _check_rows(x, y)
     model = build_model(cfg, policy=policy, impl=impl).to(device())
     ids = [device().index] if device().type == "cuda" else None
     with track_memory() as made:
@@ -178,6 +207,7 @@ PITFALLS = [
 def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
     """Each case of `PITFALLS` for `steps` steps: "ok" and its losses, or the error it raised."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+    _check_rows(x, y)
     rows = []
     for label, impl, options, frozen in PITFALLS:
         model = build_model(cfg, policy="none" if frozen else "every", impl=impl).to(device())
@@ -296,6 +326,7 @@ def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers") -> 
     whole model one unit ("root"): one warm-up step, then one measured forward + backward.
     Per-rank bytes by kind, the loss, the unit sizes and the number of all-gathers."""
     from torch.distributed.device_mesh import init_device_mesh
+    _check_rows(x, y)
     mesh = init_device_mesh(device().type, (dist.get_world_size(),))
     model = build_model(cfg, policy="none").to(device())
     apply_checkpointing(model, checkpointing)           # checkpoint first, then shard
@@ -383,7 +414,12 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
     `micro_batches` micro-batches in the given schedule. `segments` are checkpoint spans of
     `model.layers()` planned for the whole model; each stage checkpoints its cut of them.
     Returns this stage's loss sum, peak, the bytes it stashes per micro-batch, the bytes live
-    after each operation of the schedule and the most micro-batches it had in flight."""
+    after each operation of the schedule and the most micro-batches it had in flight. Every stage
+    gets the whole batch, whose rows must split into `micro_batches` equal micro-batches
+    (checked first, before any process talks)."""
+    check_batch(x, y, micro_batches, "micro-batches", "a micro_batches that divides "
+                f"{x.size(0)}")
+    schedule(kind, 1, 0, 1)                # an unknown schedule fails here, not mid-step
     stages, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(cfg, policy="none").to(device())
     layers = model.layers()
