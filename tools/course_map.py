@@ -49,7 +49,7 @@ STUDY_RULE = (f"prose words / {WORDS_PER_MINUTE} per minute + {MINUTES_PER_CODE_
               f"per code cell + {MINUTES_PER_EXERCISE} min per exercise, rounded to "
               f"{ROUND_TO} min")
 
-_EXERCISE = re.compile(r"""exercises\.(?:check|predict)\(\s*["']([^"']+)["']""")   # predictions too
+_EXERCISE = re.compile(r"""exercises\.(?:check|predict)\(\s*["']([^"']+)["']""")
 _LINK_TARGET = re.compile(r"(!?\[[^\]]*\])\(([^)\s]*)(\s+\"[^\"]*\")?\)")
 _WORD = re.compile(r"\S*\w\S*")
 
@@ -76,8 +76,7 @@ def prose_words(nb) -> int:
 
 
 def exercise_keys(nb) -> list[str]:
-    """The exercises of a notebook: the distinct keys its code passes to `exercises.check` or
-    commits with `exercises.predict` (a lesson in the lesson form)."""
+    """The exercises of a notebook: the distinct keys its code passes to `exercises.check`."""
     keys = []
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -193,17 +192,20 @@ def _g(term: str, anchor: str) -> str:
 
 # What each lesson lets you do, in one line; a term links to the glossary at its first use.
 OUTCOMES = {
-    "00_tour": "see what checkpointing trades: same losses bit for bit, a lower "
-               f"{_g('step peak', 'step-peak')}, one more forward",
-    "01_where_memory_goes": "split a training step's memory into parameters, gradients, optimizer "
-                            f"states ({_g('model state', 'model-state')}) and activations, and "
-                            "predict each",
-    "02_checkpointing_from_scratch": f"build {_g('reentrant', 'reentrant')} and "
-                                     f"{_g('saved-tensor-hooks', 'saved-tensor-hooks')} "
-                                     "checkpointing yourself and prove it exact against PyTorch",
-    "03_segments_and_sqrt_l": "predict the step peak against the number of "
-                              f"{_g('segments', 'segment')} of a {_g('chain', 'chain')} (its "
-                              "minimum near sqrt(L), its steps, its flat tail above L/2)",
+    "00_tour": "checkpoint a chain with PyTorch's `checkpoint_sequential`, find the "
+               f"{_g('step peak', 'step-peak')} on a memory timeline, and state the price in "
+               f"{_g('FLOPs', 'flops')}",
+    "01_where_memory_goes": "measure and predict parameters, gradients, optimizer states "
+                            f"({_g('model state', 'model-state')}, "
+                            f"{_g('mixed precision', 'mixed-precision')} included) and "
+                            "activations, and find the step's peak moment",
+    "02_checkpointing_from_scratch": f"build the {_g('reentrant', 'reentrant')} and "
+                                     f"{_g('saved-tensor-hooks', 'saved-tensor-hooks')} designs "
+                                     "exact to PyTorch's bit, name the guard against each of "
+                                     "six silent faults, and predict what a checkpoint frees",
+    "03_segments_and_sqrt_l": "predict `checkpoint_sequential`'s peak for any number of "
+                              f"{_g('segments', 'segment')} of a {_g('chain', 'chain')}, derive "
+                              "the optimum near sqrt(L) and when more segments save nothing",
     "04_the_price": f"count the recompute {_g('FLOPs', 'flops')} of each strategy and explain "
                     "why wall time differs",
     "05_transformers_selective": "derive a transformer block's activations op by op, next to "

@@ -28,10 +28,10 @@ BRANCH = "main"
 NOTEBOOK_DIR = "notebooks"
 
 LESSONS = {
-    "00_tour": "A tour: what checkpointing trades",
-    "01_where_memory_goes": "Where the memory goes",
-    "02_checkpointing_from_scratch": "Checkpointing from scratch",
-    "03_segments_and_sqrt_l": "Segments and sqrt(L)",
+    "00_tour": "A tour: what does activation checkpointing trade?",
+    "01_where_memory_goes": "Where does the memory of a training step go?",
+    "02_checkpointing_from_scratch": "Checkpointing from scratch: what does it drop, and when is it wrong?",
+    "03_segments_and_sqrt_l": "Segments and sqrt(L): how many segments should a chain get?",
     "04_the_price": "The price: recompute FLOPs and step time",
     "05_transformers_selective": "Transformers and selective recomputation",
     "06_optimal_schedules": "Optimal schedules: the planner, the Pareto front, recursion",
