@@ -107,12 +107,3 @@ class counting_save_on_cpu(torch.autograd.graph.save_on_cpu):
     def __enter__(self) -> "counting_save_on_cpu":
         super().__enter__()
         return self
-
-
-def committed_gpu_run(name: str = "train") -> dict | None:
-    """The committed H200 run ``benchmarks/results/gpu/<name>.json``, or None where the
-    repository is not checked out (on Colab the lesson then shows its own run only)."""
-    import json
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
