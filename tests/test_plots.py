@@ -64,7 +64,8 @@ def test_no_figure_of_lessons_0_to_3_uses_a_phase_colour_for_anything_else():
     colours = {to_rgba(p.get_facecolor()) for p in fig.axes[0].patches}
     assert orange not in colours
     assert to_rgba(plots.PHASE_COLORS["backward"]) == to_rgba(plots.PART_COLORS["gradients"])
-    fig = plots.grouped_bars({"run": {"peak": 0.7, "FLOPs": 1.2}, "H200": {"time": 1.3}}, "ratio", "t", 1.0)
+    fig = plots.grouped_bars({"peak": {"run": 0.7}, "FLOPs": {"run": 1.2}, "time": {"H200": 1.3}},
+                             "ratio", "t", scale=1, reference=1.0, values=True)
     assert orange not in {to_rgba(p.get_facecolor()) for p in fig.axes[0].patches}
 
 

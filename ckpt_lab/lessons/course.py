@@ -39,8 +39,8 @@ LESSONS = {
     "08_capacity_and_oom": "Will Llama 2 fit on one GPU, and what makes it fit?",
     "09_checking_the_claims": "Do the two source articles hold up under measurement?",
     "10_your_own_model": "How much would checkpointing save your model, and can you trust the plan?",
-    "11_checkpointing_in_your_stack": "Checkpointing in your stack: Hugging Face, selective API, offload, torch.compile",
-    "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
+    "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
+    "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
 }
 
 # ---------------------------------------------------------------------------------- links

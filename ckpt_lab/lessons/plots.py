@@ -14,6 +14,7 @@ MIB = 2 ** 20
 PHASE_COLORS = {"forward": "tab:blue", "recompute": "tab:orange", "backward": "tab:green",
                 "optimizer": "tab:purple"}
 RUN_COLORS = ("black", "tab:gray", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")  # not phases
+SERIES_COLORS = RUN_COLORS[1:]          # runs and settings that are not phases
 
 
 def _axes(ax, figsize=(7, 3.5)):
@@ -295,28 +296,40 @@ def bars(names, measured, ylabel: str, title: str, predicted=None, guess: dict |
     return fig
 
 
-def grouped_bars(series: dict[str, dict[str, float]], ylabel: str, title: str,
-                 reference: float | None = None, ax=None):
-    """Bars grouped by metric, one colour per series (black, grey, ...: never a phase's).
+def grouped_bars(groups: dict[str, dict[str, float]], ylabel="MiB", title="", scale=MIB,
+                 ax=None, predicted: dict | None = None, colors: dict | None = None,
+                 label_predicted="predicted", reference: float | None = None,
+                 values: bool = False):
+    """Side-by-side bars, measured: ``groups`` maps an x label to {series: value}.
 
-    ``series[name][metric]`` is a value; ``reference`` draws a dotted line (e.g. 1.0 for
-    ratios to a baseline) and each bar carries its value.
+    One colour per series (greys and browns, never a phase colour, unless ``colors`` maps a
+    series to one); ``predicted`` maps (group, series) to a value drawn as a black tick across
+    that bar; ``reference`` draws a dotted line (e.g. 1.0 for ratios to a baseline, with
+    ``scale=1``); ``values`` writes each bar's value on it.
     """
-    metrics = list(dict.fromkeys(m for values in series.values() for m in values))
     fig, ax = _axes(ax, (7, 3.2))
+    series = list(dict.fromkeys(s for g in groups.values() for s in g))
+    colors = colors or {s: SERIES_COLORS[i % len(SERIES_COLORS)] for i, s in enumerate(series)}
     width = 0.8 / max(len(series), 1)
-    for k, (name, values) in enumerate(series.items()):
-        xs = [i - 0.4 + width * (k + 0.5) for i, m in enumerate(metrics) if m in values]
-        ys = [values[m] for m in metrics if m in values]
-        drawn = ax.bar(xs, ys, width=width * 0.95, color=RUN_COLORS[k % len(RUN_COLORS)],
-                       label=name)
-        ax.bar_label(drawn, fmt="%.2f", fontsize=7)
+    ticked, top = False, reference or 0
+    for j, s in enumerate(series):
+        placed = [(i + (j - (len(series) - 1) / 2) * width, name)
+                  for i, name in enumerate(groups) if s in groups[name]]
+        vals = [groups[name][s] / scale for _, name in placed]
+        top = max([top] + vals)
+        drawn = ax.bar([x for x, _ in placed], vals, width * 0.95, color=colors[s], label=s)
+        if values:
+            ax.bar_label(drawn, fmt="%.2f", fontsize=7)
+        for x, name in placed:
+            if predicted and (name, s) in predicted:
+                ax.hlines(predicted[name, s] / scale, x - width / 2, x + width / 2, colors="k",
+                          lw=2, label=None if ticked else label_predicted)
+                ticked = True
     if reference is not None:
         ax.axhline(reference, color="black", ls=":", lw=1)
-    ax.set_xticks(range(len(metrics)), metrics)
+    ax.set_xticks(range(len(groups)), list(groups))
     ax.set(title=title, ylabel=ylabel)
-    top = max([v for values in series.values() for v in values.values()] + [reference or 0])
-    ax.set_ylim(0, 1.3 * top)                    # room for the legend above the bars
+    ax.set_ylim(0, 1.3 * top if (values or reference is not None) and top else None)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -352,6 +365,171 @@ def segment_units(counts, kept_inputs, last_segment, measured, ax=None,
     ax.set_xticks(list(counts))
     ax.set_ylim(0, 1.25 * max(measured))
     ax.legend(fontsize=8, loc="upper center", ncol=3)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------- lessons 11 and 12
+def stacked_bands(breakdowns: dict[str, dict[str, float]], colors: dict[str, str],
+                  hatches: dict[str, str] | None = None, ylabel="MiB", title="", scale=MIB,
+                  ax=None):
+    """Stacked bars of measured parts, one colour per part (``colors``); a part may share a
+    colour with another and differ by its hatch (``hatches``), e.g. a copy of the same bytes."""
+    fig, ax = _axes(ax, (8, 3.6))
+    labels = list(breakdowns)
+    parts = list(dict.fromkeys(p for d in breakdowns.values() for p in d))
+    bottoms = [0.0] * len(labels)
+    for part in parts:
+        vals = [breakdowns[label].get(part, 0) / scale for label in labels]
+        ax.bar(labels, vals, bottom=bottoms, color=colors[part], label=part,
+               hatch=(hatches or {}).get(part), edgecolor="white", lw=0.5)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set(title=title, ylabel=ylabel)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
+
+
+def pipeline_times(orders: dict[int, list[tuple[str, int]]], forward=1.0, backward=2.0):
+    """(op, micro-batch, start, end) of every operation of each stage, in the stages' own order,
+    with a forward taking ``forward`` and a backward ``backward`` time units.
+
+    A stage runs its operations in order; F(i) waits for F(i) of the stage before it, B(i)
+    for B(i) of the stage after it. Time units are assumed, not measured.
+    """
+    stages = len(orders)
+    done: dict = {}
+    pos, free = [0] * stages, [0.0] * stages
+    out: dict[int, list] = {r: [] for r in range(stages)}
+    while any(pos[r] < len(orders[r]) for r in range(stages)):
+        moved = False
+        for r in range(stages):
+            if pos[r] == len(orders[r]):
+                continue
+            op, i = orders[r][pos[r]]
+            dep = ((r - 1, "F", i) if op == "F" and r > 0 else
+                   (r + 1, "B", i) if op == "B" and r < stages - 1 else None)
+            if dep is not None and dep not in done:
+                continue
+            start = max(free[r], done.get(dep, 0.0))
+            free[r] = done[r, op, i] = start + (forward if op == "F" else backward)
+            out[r].append((op, i, start, free[r]))
+            pos[r] += 1
+            moved = True
+        if not moved:
+            raise ValueError("the schedules wait on each other: no stage can run its next op")
+    return out
+
+
+def pipeline_grid(orders: dict[int, list[tuple[str, int]]], ax=None, title="",
+                  forward=1.0, backward=2.0):
+    """One row per stage: forwards (blue) and backwards (green) in time, each cell labelled
+    with its micro-batch; idle time is the bubble. On the right, the most micro-batches the
+    stage holds (run forward, not yet backward)."""
+    fig, ax = _axes(ax, (8, 0.5 + 0.45 * len(orders)))
+    times = pipeline_times(orders, forward, backward)
+    for r, ops in times.items():
+        held = most = 0
+        for op, i, start, end in ops:
+            held += 1 if op == "F" else -1
+            most = max(most, held)
+            ax.barh(r, end - start, left=start, height=0.8, edgecolor="white",
+                    color=PHASE_COLORS["forward" if op == "F" else "backward"])
+            ax.text((start + end) / 2, r, str(i), ha="center", va="center", fontsize=7,
+                    color="white")
+        ax.text(ops[-1][3] + 0.3, r, f"holds ≤ {most}", va="center", fontsize=8)
+    end = max(ops[-1][3] for ops in times.values())
+    ax.set_xlim(0, end * 1.15)
+    ax.set_yticks(range(len(orders)), [f"stage {r}" for r in orders])
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel=f"time (forward = {forward:g}, backward = {backward:g} units, "
+                               "assumed)")
+    ax.legend([plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[p]) for p in ("forward", "backward")],
+              ["forward", "backward"], fontsize=7, loc="lower right")
+    return fig
+
+
+def tradeoff_points(points: dict[str, tuple[float, float]], xlabel: str, ylabel: str, ax=None,
+                    title=""):
+    """One measured point per setting (x, y), labelled: e.g. kept MiB against FLOPs. Settings
+    that land on the same point share it, their names joined by " = "."""
+    fig, ax = _axes(ax, (5, 3.2))
+    shared: dict[tuple, list[str]] = {}
+    for name, (x, y) in points.items():
+        shared.setdefault((round(x, 6), round(y, 6)), []).append(name)
+    for i, ((x, y), names) in enumerate(shared.items()):
+        ax.scatter([x], [y], s=40, color=SERIES_COLORS[i % len(SERIES_COLORS)], zorder=3)
+        ax.annotate(" = ".join(names), (x, y), textcoords="offset points", xytext=(6, 4),
+                    fontsize=8)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.set_ylim(bottom=0)
+    ax.margins(x=0.25)
+    fig.tight_layout()
+    return fig
+
+
+def allocation_timeline(live_bytes: list[int], phases: list[str], ax=None,
+                        title="An exported timeline: allocated bytes after each event"):
+    """Allocated MiB after each allocator event, each point coloured by its phase."""
+    fig, ax = _axes(ax, (8, 2.8))
+    for phase in dict.fromkeys(phases):
+        pts = [(i, b / MIB) for i, (b, p) in enumerate(zip(live_bytes, phases)) if p == phase]
+        ax.scatter(*zip(*pts), s=3, color=PHASE_COLORS.get(phase, "tab:gray"), label=phase)
+    ax.set(title=title, xlabel="allocator event", ylabel="MiB allocated")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, markerscale=4)
+    fig.tight_layout()
+    return fig
+
+
+# The bands of one GPU's memory in lesson 12: state parts in the phase that makes them
+# (gradients: backward green, Adam: optimizer purple, activations: forward blue), weights gray;
+# a copy of the same bytes shares its colour, hatched (DDP's buckets, FSDP's gathered weights).
+STATE_BANDS = {"weights": "tab:gray", "gradients": PHASE_COLORS["backward"],
+               "buckets": PHASE_COLORS["backward"], "Adam": PHASE_COLORS["optimizer"],
+               "gathered weights": "tab:gray", "activations & buffers": PHASE_COLORS["forward"]}
+STATE_HATCHES = {"buckets": "//", "gathered weights": "//"}
+
+
+def live_per_op(series: dict[str, list[int]], ax=None, predicted: dict[str, int] | None = None,
+                labels: list[str] | None = None, title=""):
+    """Live MiB after each operation of a schedule, one measured series per run (points and a
+    thin line); a run's predicted peak as a dashed line in its colour."""
+    fig, ax = _axes(ax, (6, 3))
+    for i, (name, live) in enumerate(series.items()):
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        ax.plot([b / MIB for b in live], "o-", ms=4, lw=0.8, color=color, label=name)
+        if predicted and name in predicted:
+            ax.axhline(predicted[name] / MIB, ls="--", lw=1, color=color,
+                       label=f"{name}: predicted peak")
+    if labels:
+        ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set(title=title, xlabel="operation on this stage", ylabel="live MiB")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundaries=(), ax=None,
+                  title="Checkpoint segments: the plan requested and what each stage ran"):
+    """One row per plan: its checkpointed segments (recomputed: orange) over the layer indices
+    [start, end); stage boundaries dashed."""
+    fig, ax = _axes(ax, (8, 0.6 + 0.45 * len(plans)))
+    for row, spans in enumerate(plans.values()):
+        for a, b in spans:
+            ax.barh(row, b - a, left=a, height=0.6, color=PHASE_COLORS["recompute"],
+                    edgecolor="white", lw=2)
+    for i, x in enumerate(boundaries):
+        ax.axvline(x, ls="--", color="k", lw=1, label="stage boundary" if i == 0 else None)
+    ax.set_yticks(range(len(plans)), list(plans), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xticks(range(layers + 1))
+    ax.set_xlim(0, layers)
+    ax.set(title=title, xlabel="layer index in model.layers() (0: embedding, last: head)")
+    if boundaries:
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
 

@@ -12,8 +12,9 @@ in, runs one measured training step and returns plain numbers (and tensors) to t
   `checkpoint_wrapper`; per-rank bytes by kind.
 * `pipeline_step`: one pipeline stage per rank, plain send/recv, a GPipe or 1F1B schedule.
 
-`single_step` is the one-process reference run in the caller; `several` runs a list of these
-in one launch (one process start-up for a whole experiment).
+`single_step` is the one-process reference run in the caller and `one_process` its bytes by
+kind; `bands` sorts a run's bytes into the bands of lesson 12's figure; `several` runs a list of
+these in one launch (one process start-up for a whole experiment).
 """
 from __future__ import annotations
 
@@ -98,6 +99,34 @@ def single_step(cfg, x, y, policy="none", impl: str | None = None) -> tuple[floa
     loss = model(x, y)
     loss.backward()
     return loss.item(), _grads(model)
+
+
+def one_process(cfg, x, y, policy="none", impl: str | None = None) -> dict:
+    """One process, whole global batch, in the caller: bytes by kind, as `ddp_step` reports a
+    rank's (gradients allocated before the measured forward + backward, then one Adam step)."""
+    model = build_model(cfg, policy=policy, impl=impl)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with track_memory() as mem:
+        model(x, y).backward()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt.step()
+    params = list(model.parameters())
+    return {"peak_bytes": mem.peak_bytes, "param_bytes": _local_bytes(params),
+            "grad_bytes": _local_bytes(p.grad for p in params),
+            "optimizer_bytes": _optimizer_bytes(opt)}
+
+
+BANDS = ("weights", "gradients", "buckets", "Adam", "gathered weights", "activations & buffers")
+
+
+def bands(run: dict) -> dict[str, int]:
+    """A run's bytes at its peak, by band: what `one_process`, `ddp_step` or `fsdp_step`
+    returned, as the stacked bars of lesson 12 draw it (FSDP's peak split by its probe)."""
+    at = run.get("at_peak", {"gathered": 0, "other": run["peak_bytes"]})
+    return {"weights": run["param_bytes"], "gradients": run["grad_bytes"],
+            "buckets": run.get("bucket_bytes", 0), "Adam": run["optimizer_bytes"],
+            "gathered weights": at["gathered"], "activations & buffers": at["other"]}
 
 
 def several(calls) -> list:
@@ -276,26 +305,32 @@ def apply_checkpointing(model, how: str):
     return model
 
 
+def shard(model, units: str = "layers", mesh=None) -> list[int]:
+    """FSDP2 units, bottom-up: each layer its own unit (units="layers"), then the root takes
+    whatever is left; units="root" makes the whole model one unit. Returns each unit's bytes."""
+    from torch.distributed.fsdp import fully_shard
+    if units not in ("layers", "root"):
+        raise ValueError(f"units must be 'layers' or 'root', got {units!r}")
+    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    unit_bytes = [size(model)]
+    if units == "layers":
+        for layer in model.chain:           # bottom-up: each layer's parameters form a unit
+            fully_shard(layer, mesh=mesh)
+        unit_bytes = [size(layer) for layer in model.chain]
+    fully_shard(model, mesh=mesh)           # and the root takes whatever is left
+    return unit_bytes
+
+
 def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers") -> dict:
     """FSDP2 (`fully_shard`), every layer of the GPT its own unit (units="layers") or the
     whole model one unit ("root"): one warm-up step, then one measured forward + backward.
     Per-rank bytes by kind, the loss, the unit sizes and the number of all-gathers."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     _check_rows(x, y)
     mesh = init_device_mesh(device().type, (dist.get_world_size(),))
-    fully_shard = functools.partial(fully_shard, mesh=mesh)
-    model = apply_checkpointing(build_model(cfg, policy="none").to(device()), checkpointing)
-    layers = list(model.chain)              # checkpoint first, then shard (see the lesson)
-    if units == "layers":
-        for unit in layers:                 # bottom-up: each layer's parameters form a unit,
-            fully_shard(unit)
-        unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in layers]
-    elif units == "root":
-        unit_bytes = [sum(p.numel() * p.element_size() for p in model.parameters())]
-    else:
-        raise ValueError(f"units must be 'layers' or 'root', got {units!r}")
-    fully_shard(model)                      # and the root takes whatever is left
+    model = build_model(cfg, policy="none").to(device())
+    apply_checkpointing(model, checkpointing)           # checkpoint first, then shard
+    unit_bytes = shard(model, units, mesh)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     xr, yr = _my_rows(x), _my_rows(y)
     first = model(xr, yr)                   # warm-up: gradients and Adam's moments exist
@@ -378,9 +413,10 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
     """Two or more pipeline stages, one per rank, with plain send/recv: one step of
     `micro_batches` micro-batches in the given schedule. `segments` are checkpoint spans of
     `model.layers()` planned for the whole model; each stage checkpoints its cut of them.
-    Returns this stage's loss sum, peak, the bytes it stashes per micro-batch and the most
-    micro-batches it had in flight. Every stage gets the whole batch, whose rows must split
-    into `micro_batches` equal micro-batches (checked first, before any process talks)."""
+    Returns this stage's loss sum, peak, the bytes it stashes per micro-batch, the bytes live
+    after each operation of the schedule and the most micro-batches it had in flight. Every stage
+    gets the whole batch, whose rows must split into `micro_batches` equal micro-batches
+    (checked first, before any process talks)."""
     check_batch(x, y, micro_batches, "micro-batches", "a micro_batches that divides "
                 f"{x.size(0)}")
     schedule(kind, 1, 0, 1)                # an unknown schedule fails here, not mid-step
@@ -400,7 +436,7 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
     last = rank == stages - 1
     xs, ys = x.to(device()).chunk(micro_batches), y.to(device()).chunk(micro_batches)
     shape = (xs[0].size(0), xs[0].size(1), cfg.n_embd)
-    stash, losses, in_flight, most, stash_bytes = {}, 0.0, 0, 0, []
+    stash, losses, in_flight, most, stash_bytes, live = {}, 0.0, 0, 0, [], []
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     # Activations go forward with isend (their buffer is the stashed output anyway) and
@@ -445,6 +481,8 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
                     dist.send(inp.grad, dst=rank - 1)
                 del inp
                 in_flight -= 1
+            live.append(mem.current_bytes)     # after each operation of the schedule
     return {"rank": rank, "layers": (start, end), "spans": spans, "loss": losses,
             "peak_bytes": mem.peak_bytes, "stash_bytes": stash_bytes, "in_flight": most,
+            "live_bytes": live,
             "grads": _grads(model), "rss_bytes": peak_rss_bytes()}
