@@ -6,8 +6,8 @@ Two rooms, one direction (docs/architecture.md draws them):
   Foundations: `memory` and `allocator` measure (tensor bytes; what the allocator saw),
   `checkpoint` (with `selective`, `recursive`, `offload`) changes what autograd keeps.
   Predictions and something to train: `formulas`, `parallel_formulas`, `profile`, `models`,
-  `data`, `timing`. Decide and apply: `planner`, `modules`, `capacity`, `fallback`, `train`,
-  `distributed`, `snapshot`.
+  `data`, `timing`. Decide and apply: `planner`, `modules` (with `module_step`), `capacity`,
+  `fallback`, `train`, `distributed`, `snapshot`.
 * ``ckpt_lab.lessons`` is the course's scaffolding: what the notebooks lay out (course links and
   sizes, widgets, plots, exercises, lesson demos). It imports the library; the library never
   imports it. Import it only to follow the course.
