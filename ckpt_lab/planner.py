@@ -305,7 +305,17 @@ def plan_chain(layers, x, budget_bytes, repeats: int = 3) -> Plan:
     `.float().sum().backward()`, with parameter gradients allocated beforehand; `peak_bytes` is
     its predicted peak as `track_memory` measures it (x and parameters are allocated before
     the step, so they are not in it). Recompute cost is in profiled forward seconds. Raises
-    BudgetTooSmallError naming the least budget any plan fits.
+    BudgetTooSmallError naming the least budget any plan fits. No checkpointed segment starts
+    at a layer that writes its input in place (`checkpoint_sequential` refuses that).
+
+    What a budget counts: tensor bytes as `track_memory` sees them, every storage an operation
+    of the step creates (a view's once), alive at the same moment. What the allocator holds on
+    top, which no budget here counts (`ckpt_lab.allocator.profiled_memory` measures it beside
+    the prediction): every live checkpoint keeps the CPU random generator's state, the 5,056-byte
+    tensor `torch.get_rng_state()` returns (``preserve_rng_state=True``, the default; each CUDA
+    device's generator state too, in CPU memory), made outside the dispatcher; operations'
+    temporaries, allocated and freed inside one operation (a CPU convolution's column
+    buffers); and, on CUDA, the caching allocator's rounding and cached blocks.
     """
     from .profile import profile_layers
     return optimal_segments(profile_layers(layers, x, repeats=repeats), budget_bytes)

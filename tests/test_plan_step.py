@@ -280,6 +280,32 @@ def test_a_layer_that_returns_a_view_of_its_input(one_thread):
         assert widgets.measure_plan_peak(layers, x, plan.boundaries) == plan.peak_bytes
 
 
+def test_what_the_allocator_holds_beyond_a_budget(one_thread):
+    """plan_chain's docstring: a budget counts tensor bytes as track_memory sees them; every
+    live checkpoint keeps the CPU generator's state on top, 5,056 bytes, which the allocator's
+    own events see and track_memory does not."""
+    from ckpt_lab import checkpoint_sequential, track_memory
+    from ckpt_lab.allocator import profiled_memory
+    layers, x = mlp()
+    prof = profile_layers(layers, x, repeats=1)
+    plan = planner.pareto_front(prof)[0]               # the tightest: the most checkpoints
+    live = plan.segments - 1
+    state = torch.get_rng_state().untyped_storage().nbytes()
+    assert live >= 2 and state == 5056                 # the figure the docstring gives
+    for preserve, each in ((True, state), (False, 0)):
+        seen = {}
+
+        def forward():
+            with track_memory() as mem:
+                seen["y"] = checkpoint_sequential(layers, x, boundaries=plan.boundaries,
+                                                  preserve_rng_state=preserve)
+            seen["tensors"] = mem.current_bytes
+
+        after_forward = profiled_memory(forward)
+        del seen["y"]
+        assert after_forward.end_bytes - seen["tensors"] == live * each
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_step_model_on_cuda():
     layers, x = gpt()
