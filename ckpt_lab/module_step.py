@@ -46,6 +46,9 @@ from .memory import new_storages, track_memory
 from .planner import BudgetTooSmallError, _budget
 
 
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
 def _tensors(tree) -> list:
     if isinstance(tree, torch.Tensor):
         return [tree]
@@ -67,6 +70,7 @@ class _Events(TorchDispatchMode):
         self.serial: dict[int, int] = {}     # id(storage) -> serial, while it lives
         self.born: list[tuple[int, int]] = []   # serial -> (event, bytes)
         self.died: dict[int, int] = {}
+        self.watches: list[weakref.finalize] = []
 
     def mark(self) -> int:
         """An event that is no op (a block starting, a gradient arriving); returns its index."""
@@ -77,12 +81,25 @@ class _Events(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         here = self.mark()
-        for st in new_storages(func, args, kwargs, out):
+        made = _tensors(out) if func is _LIFT_FRESH else None   # torch.tensor(data), as
+        made = [t.untyped_storage() for t in made] if made is not None \
+            else new_storages(func, args, kwargs, out)          # track_memory counts it
+        for st in made:
             if st.nbytes() > 0 and id(st) not in self.serial:
                 self.serial[id(st)] = n = len(self.born)
                 self.born.append((here, st.nbytes()))
-                weakref.finalize(st, self._died, id(st), n)
+                self.watch(st, self._died, id(st), n)
         return out
+
+    def watch(self, obj, *callback):
+        """Call back when `obj` is freed (while this step is recorded)."""
+        self.watches.append(weakref.finalize(obj, *callback))
+
+    def stop(self):
+        """Stop watching: what outlives the step counts as alive at its end."""
+        for w in self.watches:
+            w.detach()
+        self.watches.clear()
 
     def _died(self, key: int, n: int):
         self.died[n] = len(self.live)
@@ -173,7 +190,7 @@ def record_step(found, step, weights) -> StepRecord:
         def pack(t):
             alias, slot = t.detach(), [None]   # the alias goes when autograd lets go of it
             packs.append((events.of(t), state["block"], slot))
-            weakref.finalize(alias, lambda: slot.__setitem__(0, len(events.live)))
+            events.watch(alias, lambda: slot.__setitem__(0, len(events.live)))
             return alias
 
         handles = []
@@ -186,6 +203,7 @@ def record_step(found, step, weights) -> StepRecord:
                 run_step(step)
                 events.mark()
         finally:
+            events.stop()
             for h in handles:
                 h.remove()
     keys = {key: s for s, key in key_of.items()}
