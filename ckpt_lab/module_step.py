@@ -127,6 +127,7 @@ class StepRecord:
     saved: dict = field(default_factory=dict)    # key -> [(block or None, release event)]
     args: list = field(default_factory=list)     # per block: keys of its tensor arguments
     first_arg: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)   # per block: shapes and dtypes of its arguments
 
 
 def run_step(step) -> None:
@@ -148,7 +149,7 @@ def record_step(found, step, weights) -> StepRecord:
     index = {id(m): i for i, (_, m) in enumerate(found)}
     m = len(found)
     start, end, grad, seconds = [None] * m, [None] * m, [None] * m, [0.0] * m
-    first_arg, arg_keys = [None] * m, [[] for _ in range(m)]
+    first_arg, arg_keys, shapes = [None] * m, [[] for _ in range(m)], [None] * m
     key_of: dict[int, tuple] = {}
     packs = []
     state = {"block": None, "t": 0.0}
@@ -168,6 +169,7 @@ def record_step(found, step, weights) -> StepRecord:
             start[k] = events.mark()
             tensors = [t for t in _tensors((args, kwargs))
                        if id(t.untyped_storage()) not in weights]
+            shapes[k] = tuple((tuple(t.shape), t.dtype) for t in tensors)
             for p, t in enumerate(tensors):
                 key = name(events.of(t), ("arg", k, p))
                 if key is not None:
@@ -215,7 +217,7 @@ def record_step(found, step, weights) -> StepRecord:
                       {k: events.born[s][1] for k, s in keys.items()},
                       {k: events.born[s][0] for k, s in keys.items()},
                       {k: events.died.get(s) for k, s in keys.items()}, saved, arg_keys,
-                      first_arg)
+                      first_arg, shapes)
 
 
 class SameStart:
@@ -295,10 +297,10 @@ class ModuleStep:
         self.names = [names[k] for k in order]
         self.m, self.runs = m, (plain, ckpt)
         # recompute cost: measured forward seconds, one figure for blocks of a class that run
-        # as many ops on inputs of the same size (their mean), so timing noise picks no block
+        # as many ops on arguments of the same shapes (their mean), so timing noise picks no
+        # block
         classes = [classes[k] if classes else "" for k in order]
-        sig = [(classes[j], plain.end[k] - plain.start[k],
-                plain.size.get(plain.first_arg[k]) if plain.first_arg[k] else None)
+        sig = [(classes[j], plain.end[k] - plain.start[k], plain.shapes[k])
                for j, k in enumerate(order)]
         groups = {}
         for j, k in enumerate(order):
