@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ckpt_lab.lessons.units import fmt_bytes
+
 
 @dataclass
 class Claim:
@@ -37,7 +39,6 @@ def _show(value, unit: str) -> str:
     if isinstance(value, str):
         return value
     if unit == "bytes":
-        from ckpt_lab.lessons.course import fmt_bytes
         return fmt_bytes(value)
     return f"{value:,.4g}{' ' + unit if unit else ''}"
 

@@ -21,16 +21,17 @@ import torch
 
 import ckpt_lab
 from ckpt_lab.lessons.claims import Claims, claims, ledger  # noqa: F401  (course.claims)
+from ckpt_lab.lessons.units import GIB, MIB, fmt_bytes  # noqa: F401  (course.fmt_bytes)
 
 REPO_SLUG = "ckpt-lab/ckpt-lab"
 BRANCH = "main"
 NOTEBOOK_DIR = "notebooks"
 
 LESSONS = {
-    "00_tour": "A tour: what checkpointing trades",
-    "01_where_memory_goes": "Where the memory goes",
-    "02_checkpointing_from_scratch": "Checkpointing from scratch",
-    "03_segments_and_sqrt_l": "Segments and sqrt(L)",
+    "00_tour": "A tour: what does activation checkpointing trade?",
+    "01_where_memory_goes": "Where does the memory of a training step go?",
+    "02_checkpointing_from_scratch": "Checkpointing from scratch: what does it drop, and when is it wrong?",
+    "03_segments_and_sqrt_l": "Segments and sqrt(L): how many segments should a chain get?",
     "04_the_price": "The price: recompute FLOPs and step time",
     "05_transformers_selective": "Transformers and selective recomputation",
     "06_optimal_schedules": "Optimal schedules: the planner, the Pareto front, recursion",
@@ -38,13 +39,9 @@ LESSONS = {
     "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
     "09_checking_the_claims": "Checking the claims of the source articles",
     "10_your_own_model": "Your own model: profile, plan, apply, verify",
-    "11_checkpointing_in_your_stack": "Checkpointing in your stack: Hugging Face, selective API, offload, torch.compile",
-    "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
+    "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
+    "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
 }
-
-MIB = 2 ** 20
-GIB = 2 ** 30
-
 
 # ---------------------------------------------------------------------------------- links
 def _notebook(name: str) -> str:
@@ -139,15 +136,6 @@ def corpus_tokens() -> torch.Tensor:
 
 
 # --------------------------------------------------------------------- measured vs predicted
-def fmt_bytes(n: float) -> str:
-    """Bytes as a short human string in KiB/MiB/GiB."""
-    n = float(n)
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,.0f} B"
-
-
 def compare(label: str, measured: float, predicted: float, low: float = 0.95,
             high: float = 1.05, unit: str = "bytes") -> float:
     """Print measured, predicted and their ratio; raise AssertionError if the ratio leaves
