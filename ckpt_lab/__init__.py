@@ -6,7 +6,8 @@ Two rooms, one direction (docs/architecture.md draws them):
   Foundations: `memory` and `allocator` measure (tensor bytes; what the allocator saw),
   `checkpoint` (with `selective`, `recursive`, `offload`) changes what autograd keeps.
   Predictions and something to train: `formulas`, `parallel_formulas`, `profile`, `models`,
-  `data`, `timing`. Decide and apply: `planner`, `modules`, `capacity`, `fallback`, `train`,
+  `data`, `timing`; `losses` (cross-entropy in checkpointed chunks). Decide and apply:
+  `planner`, `modules` (with `module_step`), `capacity`, `fallback`, `train`, `throughput`,
   `distributed`, `snapshot`.
 * ``ckpt_lab.lessons`` is the course's scaffolding: what the notebooks lay out (course links and
   sizes, widgets, plots, exercises, lesson demos). It imports the library; the library never
@@ -31,6 +32,7 @@ from .offload import OffloadStats, offload_activations  # noqa: E402
 from .models import CheckpointPolicy, build_model, get_config  # noqa: E402
 from .data import TextBatches, load_corpus  # noqa: E402
 from .train import load_run_state, save_run_state, train  # noqa: E402
+from .losses import chunked_cross_entropy  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -49,6 +51,7 @@ __all__ = [
     "checkpoint_modules",
     "checkpoint_recursive",
     "checkpoint_sequential",
+    "chunked_cross_entropy",
     "get_config",
     "kept_after_forward",
     "load_corpus",

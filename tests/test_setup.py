@@ -16,7 +16,9 @@ from ckpt_lab import __main__ as cli
 ROOT = Path(__file__).resolve().parents[1]
 ALIASES = {"pytorch": "torch", "pytorch-cpu": "torch", "playwright-python": "playwright"}
 CONDA_ONLY = {"python", "pip"}       # the interpreter and installer, not project packages
-TEST_ONLY = {"pytest", "nbval", "playwright"}
+SITE = {"sphinx", "myst-nb", "myst-parser", "sphinx-book-theme", "pydata-sphinx-theme",
+        "docutils", "sphinx-mathjax-offline"}    # tools/build_site.py; not for Binder
+TEST_ONLY = {"pytest", "nbval", "playwright"} | SITE
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

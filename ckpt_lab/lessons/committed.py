@@ -1,38 +1,41 @@
-"""The course's committed GPU run, read for lessons whose point depends on scale.
+"""The course's committed GPU runs (``benchmarks/results/gpu/*.json``), read where they exist.
 
-`scripts/gpu_check.sh` ran the benchmarks on an H200 and committed what they measured to
-``benchmarks/results/gpu/*.json``. A lesson that runs on a CPU shows those figures beside its
-own, labelled `label()` ("H200 (committed run)"), read from the file, never typed in. Where the
-file is absent (an installation without the repository's benchmarks), every reader returns
-None and the lesson says so.
+A lesson that makes a point depending on scale (a time ratio, GiB) shows the H200 figures
+from these files beside its own CPU run, labelled "H200 (committed run)" (`label`), instead of
+typing them in. They sit in a checkout of the repository, not in the wheel: on Colab without a
+clone every reader returns None and the lesson shows its own run only.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import ckpt_lab
-
-RESULTS = Path(ckpt_lab.__file__).resolve().parent.parent / "benchmarks" / "results" / "gpu"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu"
 
 
-def run(name: str = "gpu_check") -> dict | None:
-    """The committed result file ``benchmarks/results/gpu/<name>.json``, or None."""
+def gpu_result(name: str) -> dict | None:
+    """The committed GPU run ``benchmarks/results/gpu/<name>.json``, or None where it is absent."""
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def full_recompute_ratios(run: dict) -> dict[str, float]:
+    """Peak, FLOPs and time of checkpointing every block over none, from a ``train`` run."""
+    every = run["policies"]["every"]
+    return {"peak": every["peak_ratio"], "FLOPs": every["flop_ratio"], "time": every["time_ratio"]}
+
+
 def label(name: str = "gpu_check") -> str:
     """How a figure names the committed run: "H200 (committed run)"."""
-    found = run(name)
+    found = gpu_result(name)
     device = (found or {}).get("device", "GPU")
     return f"{device.split()[-1]} (committed run)"
 
 
 def policies() -> dict | None:
-    """Per checkpoint policy of the committed GPT run: {"FLOPs", "time", "peak"} ratios to
-    the plain step, plus "config" (the GPT's sizes) and "batch"; None without the file."""
-    found = run()
+    """Per checkpoint policy of the committed GPT run (gpu_check): {"FLOPs", "time", "peak"}
+    ratios to the plain step, plus "config" (the GPT's sizes) and "batch"; None without it."""
+    found = gpu_result("gpu_check")
     if found is None or "policies" not in found:
         return None
     block = found["policies"]
@@ -44,5 +47,5 @@ def policies() -> dict | None:
 
 def section(key: str) -> dict | None:
     """One top-level section of the committed gpu_check run ("offload", "precision", ...)."""
-    found = run()
+    found = gpu_result("gpu_check")
     return None if found is None else found.get(key)

@@ -28,19 +28,19 @@ BRANCH = "main"
 NOTEBOOK_DIR = "notebooks"
 
 LESSONS = {
-    "00_tour": "A tour: what checkpointing trades",
-    "01_where_memory_goes": "Where the memory goes",
-    "02_checkpointing_from_scratch": "Checkpointing from scratch",
-    "03_segments_and_sqrt_l": "Segments and sqrt(L)",
+    "00_tour": "A tour: what does activation checkpointing trade?",
+    "01_where_memory_goes": "Where does the memory of a training step go?",
+    "02_checkpointing_from_scratch": "Checkpointing from scratch: what does it drop, and when is it wrong?",
+    "03_segments_and_sqrt_l": "Segments and sqrt(L): how many segments should a chain get?",
     "04_the_price": "What does recomputation cost, in FLOPs and in time?",
     "05_transformers_selective": "Which activations grow with the sequence, and is recomputing only those worth it?",
     "06_optimal_schedules": "Where should the checkpoints go when the layers are not alike?",
     "07_combining_techniques": "Which mix of checkpointing, accumulation, bf16 and offload fits your budget at the least cost?",
-    "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
-    "09_checking_the_claims": "Checking the claims of the source articles",
-    "10_your_own_model": "Your own model: profile, plan, apply, verify",
-    "11_checkpointing_in_your_stack": "Checkpointing in your stack: Hugging Face, selective API, offload, torch.compile",
-    "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
+    "08_capacity_and_oom": "Will Llama 2 fit on one GPU, and what makes it fit?",
+    "09_checking_the_claims": "Do the two source articles hold up under measurement?",
+    "10_your_own_model": "How much would checkpointing save your model, and can you trust the plan?",
+    "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
+    "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
 }
 
 # ---------------------------------------------------------------------------------- links

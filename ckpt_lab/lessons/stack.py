@@ -1,46 +1,23 @@
-"""PyTorch's own switches beside ckpt_lab's from-scratch ones, measured on the same block.
+"""Measuring PyTorch's own switches on one block: bytes kept, FLOPs, gradients, host traffic.
 
-* Selective checkpointing: ``torch.utils.checkpoint`` with ``context_fn`` built by
-  ``create_selective_checkpoint_contexts`` and a policy returning a ``CheckpointPolicy``
-  (``MUST_SAVE`` for matmuls, ``PREFER_RECOMPUTE`` for the rest) against
-  ``ckpt_lab.checkpoint(..., policy="save_matmuls")``: bytes kept, gradients, FLOPs.
-* Fused attention: with ``F.scaled_dot_product_attention`` the T x T scores never exist, so
-  checkpointing the attention core alone (Megatron's selective recomputation) has almost
-  nothing left to free; `attention_core_saving` measures both cores.
-* Offload: ``torch.autograd.graph.save_on_cpu`` copies every saved tensor (weights and views
-  included) to the host; ``ckpt_lab.offload_activations`` moves each activation storage once
-  and leaves weights alone. `compare_offload` counts both (on CPU nothing can move, so this is
-  accounting; on CUDA it also reads the device's peak).
+Lesson 11 types the calls themselves (``create_selective_checkpoint_contexts`` with a policy,
+``torch.autograd.graph.save_on_cpu``) in its cells; this module only measures around them:
+
+* `measure`: one forward and backward of ``run(x)`` under `track_memory` and a FLOP counter
+  that also knows the CPU fused-attention kernel (``FlopCounterMode`` alone counts it as 0).
+* `attention_core_saving`: a ckpt_lab GPT block plain and with only its attention core
+  checkpointed (Megatron's selective recomputation). With ``F.scaled_dot_product_attention``
+  the T x T scores never exist, so there is almost nothing left to free.
+* `counting_save_on_cpu`: ``save_on_cpu`` that also counts what its pack hook copies.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
-import torch.utils.checkpoint
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from ckpt_lab.checkpoint import checkpoint
 from ckpt_lab.memory import track_memory
-from ckpt_lab.offload import offload_activations
-from ckpt_lab.selective import MATMUL_OPS
-
-
-# ------------------------------------------------------------------------------- selective
-def torch_save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """PyTorch's policy form of ckpt_lab's ``save_matmuls``: keep matmul outputs."""
-    if op.overloadpacket in MATMUL_OPS:
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def torch_selective(fn, *args, policy=torch_save_matmuls, **kwargs):
-    """``torch.utils.checkpoint`` (non-reentrant) with a selective policy."""
-    context = functools.partial(create_selective_checkpoint_contexts, policy)
-    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, context_fn=context,
-                                             **kwargs)
 
 
 def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
@@ -98,17 +75,6 @@ def same(a: Measured, b: Measured, exact: bool = True) -> bool:
         for u, v in zip(a.grads, b.grads))
 
 
-def compare_selective(block, x, seed: int = 0) -> dict[str, Measured]:
-    """A block plain, fully checkpointed, and saving matmuls the ckpt_lab and the PyTorch way."""
-    runs = {
-        "plain": lambda t: block(t),
-        "full recompute (ckpt_lab)": lambda t: checkpoint(block, t),
-        "save_matmuls (ckpt_lab)": lambda t: checkpoint(block, t, policy="save_matmuls"),
-        "save_matmuls (PyTorch SAC)": lambda t: torch_selective(block, t),
-    }
-    return {name: measure(name, run, block, x, seed) for name, run in runs.items()}
-
-
 def attention_core_saving(block, x, seed: int = 0) -> dict[str, Measured]:
     """The block plain and with only its attention core checkpointed (Megatron's selective)."""
     def core_checkpointed(t):
@@ -122,9 +88,9 @@ def attention_core_saving(block, x, seed: int = 0) -> dict[str, Measured]:
                                                  core_checkpointed, block, x, seed)}
 
 
-# --------------------------------------------------------------------------------- offload
 class counting_save_on_cpu(torch.autograd.graph.save_on_cpu):
-    """``save_on_cpu`` that also counts what its pack hook copies: ``.bytes_copied``."""
+    """``save_on_cpu`` that also counts what its pack hook copies: ``.bytes_copied``,
+    ``.tensors``."""
 
     def __init__(self, pin_memory: bool = False, device_type: str = "cuda"):
         super().__init__(pin_memory=pin_memory, device_type=device_type)
@@ -138,51 +104,6 @@ class counting_save_on_cpu(torch.autograd.graph.save_on_cpu):
 
         self.pack_hook = counted
 
-
-@dataclass
-class OffloadComparison:
-    """Host traffic of each offload for one forward (bytes sent to the host) and, on CUDA,
-    the device's peak during the step."""
-
-    save_on_cpu_bytes: int
-    save_on_cpu_tensors: int
-    ckpt_lab_bytes: int
-    ckpt_lab_storages: int
-    weight_bytes: int
-    cuda_peak_bytes: dict
-
-
-def _cuda_peak(step) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    step()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - start
-
-
-def compare_offload(model, x) -> OffloadComparison:
-    """Forward + backward of ``model(x).pow(2).sum()`` under each offload, counted."""
-    cuda = x.is_cuda
-
-    def step(ctx):
-        with ctx:
-            y = model(x).pow(2).sum()
-        y.backward()
-        model.zero_grad(set_to_none=True)
-
-    theirs = counting_save_on_cpu(pin_memory=cuda)
-    step(theirs)
-    with offload_activations() as ours:
-        y = model(x).pow(2).sum()
-    y.backward()
-    model.zero_grad(set_to_none=True)
-    peaks = {}
-    if cuda:
-        import contextlib
-        peaks = {"plain": _cuda_peak(lambda: step(contextlib.nullcontext())),
-                 "save_on_cpu": _cuda_peak(lambda: step(torch.autograd.graph.save_on_cpu(True))),
-                 "offload_activations": _cuda_peak(lambda: step(offload_activations()))}
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return OffloadComparison(theirs.bytes_copied, theirs.tensors, ours.bytes_offloaded,
-                             ours.storages, weights, peaks)
+    def __enter__(self) -> "counting_save_on_cpu":
+        super().__enter__()
+        return self

@@ -25,6 +25,7 @@ from torch import nn
 from ckpt_lab import formulas
 from ckpt_lab.checkpoint import checkpoint_sequential
 from ckpt_lab.lessons.course import dropout_mask_bytes, fmt_bytes, pick_device
+from ckpt_lab.lessons.plots import PHASE_COLORS
 from ckpt_lab.memory import MemoryLog, kept_after_forward, track_memory
 from ckpt_lab.models import Block, GPTConfig, MLPBlock
 
@@ -171,8 +172,8 @@ class SegmentsExplorer(Explorer):
         ax = self.ax_curve
         ax.clear()
         xs = list(range(1, r.layers + 1))
-        ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="C1", label="predicted")
-        ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="C0", ms=4, label="measured")
+        ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="tab:gray", label="predicted")
+        ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="black", ms=4, label="measured")
         ax.axvline(r.segments, color="gray", ls=":", label=f"chosen: {r.segments}")
         ax.set(title=f"Peak memory vs segments ({r.layers} layers)", xlabel="segments",
                ylabel="peak memory (MiB)")
@@ -180,7 +181,7 @@ class SegmentsExplorer(Explorer):
         ax.legend(fontsize=8)
         ax = self.ax_time
         ax.clear()
-        for phase, color in (("forward", "C0"), ("recompute", "C1"), ("backward", "C2")):
+        for phase, color in PHASE_COLORS.items():                 # recompute orange, as everywhere
             pts = [(p.step, p.live_bytes / MIB) for p in r.log.timeline if p.phase == phase]
             if pts:
                 ax.plot(*zip(*pts), ".", ms=3, color=color, label=phase)

@@ -1,13 +1,141 @@
-"""Exercises of lesson 2: Checkpointing from scratch."""
+"""Exercises of lesson 2: three predictions (what a checkpoint keeps, when PyTorch's checkpoint
+is wrong, what checkpointing a lone conv saves) and one build task (a checkpoint that replays
+the random generator). Every answer is measured."""
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
 
-from ckpt_lab.checkpoint import checkpoint
 from ckpt_lab.memory import kept_after_forward
 
-from .base import Exercise, _close, _name_set
+from .base import Exercise, _number
+
+KINDS = {"right": "right", "wrong": "wrong", "wrong, silently": "wrong", "refuses": "refuses",
+         "refuse": "refuses", "error": "refuses"}
+WHY = {  # torch.utils.checkpoint.checkpoint(..., use_reentrant=False), per case of lesson 2
+    "dropout (RNG)": "it saves the CPU generator's state (and each CUDA device's) and replays "
+                     "it (preserve_rng_state=True), so the mask repeats",
+    "input edited after forward": "it saves its input for autograd, whose version counter "
+                                  "sees the in-place edit and raises",
+    "saved tensor edited inside": "the recompute runs past the edit and hands backward the "
+                                  "edited tensor; no saved tensor was there for autograd to check",
+    "optimizer step before backward": "the recompute uses the updated bias; nothing it saved "
+                                      "changed, so nothing tells it",
+    "RReLU fills a saved buffer": "its early stop ends the recompute at RReLU's save, before the "
+                                  "kernel fills the noise buffer (pytorch/pytorch#193671)",
+    "recompute differs (metadata)": "it compares each recomputed tensor's shape with the "
+                                    "forward's and raises CheckpointError",
+}
+
+
+def _chain(width: int = 64, depth: int = 4):
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
+
+
+@functools.lru_cache(maxsize=1)
+def kept_tensors() -> float:
+    """Measured: tokens x width tensors torch's non-reentrant checkpoint of 4 blocks keeps."""
+    chain, x = _chain(), torch.randn(256, 64, requires_grad=True)
+    kept = kept_after_forward(
+        lambda t: torch.utils.checkpoint.checkpoint(chain, t, use_reentrant=False), x)
+    return kept / (x.numel() * x.element_size())
+
+
+@functools.lru_cache(maxsize=1)
+def torch_verdicts() -> dict:
+    """Measured: "right", "wrong" or "refuses" for each case of lesson 2 under torch's checkpoint."""
+    from ckpt_lab.lessons import correctness
+    wrap = lambda f, t: torch.utils.checkpoint.checkpoint(f, t, use_reentrant=False)  # noqa: E731
+    torch.manual_seed(0)
+    x = torch.randn(256, 64)
+    cases = correctness.cases()
+    table = {name: correctness.outcome(wrap, case, x) for name, case in cases.items()}
+    return {name: KINDS[o.split(" (")[0].lower()] for name, o in table.items()}
+
+
+class ResBlock(nn.Module):
+    """x + relu(bn(conv(x))), checkpointing nothing, the conv only, or the whole branch."""
+
+    def __init__(self, channels: int, mode: str = "none"):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.bn = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU()
+        self.mode = mode
+
+    def branch(self, x):
+        return self.relu(self.bn(self.conv(x)))
+
+    def forward(self, x):
+        ckpt = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+        if self.mode == "conv only":
+            return x + self.relu(self.bn(ckpt(self.conv, x)))
+        if self.mode == "whole branch":
+            return x + ckpt(self.branch, x)
+        return x + self.branch(x)
+
+
+def resblock_kept(mode: str, shape=(4, 8, 16, 16)) -> int:
+    """Measured: bytes a ResBlock keeps after its forward, for one checkpointing mode."""
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    return kept_after_forward(ResBlock(shape[1], mode), x)
+
+
+@functools.lru_cache(maxsize=1)
+def conv_only_saving() -> float:
+    """Measured: the fraction of a ResBlock's kept bytes that checkpointing the conv alone frees."""
+    plain = resblock_kept("none")
+    return (plain - resblock_kept("conv only")) / plain
+
+
+def _kept(answer):
+    expected = kept_tensors()
+    value = _number(answer)
+    if abs(value - expected) < 0.05:
+        return True, ("one: its output, which the next layer needs. Everything the four blocks "
+                      "saved inside is dropped and rebuilt in backward.")
+    if value < expected:
+        return False, ("The output is alive after the forward (it is returned, and whatever "
+                       "comes next needs it): one tensor stays.")
+    return False, ("Four is the plain chain. Inside the checkpoint nothing is kept: saved "
+                   "tensors become handles, and only the output survives the forward.")
+
+
+def _verdicts(answer):
+    expected = torch_verdicts()
+    if not isinstance(answer, dict) or set(answer) != set(expected):
+        return False, ("Give a dict with one entry per case, each 'right', 'wrong' or 'refuses': "
+                       + ", ".join(repr(k) for k in expected) + ".")
+    given = {k: KINDS.get(str(v).strip().lower()) for k, v in answer.items()}
+    if None in given.values():
+        return False, "Each value is 'right', 'wrong' or 'refuses'."
+    misses = [k for k in expected if given[k] != expected[k]]
+    wrong = sum(v == "wrong" for v in expected.values())
+    if not misses:
+        return True, (f"all {len(expected)}: torch's checkpoint was silently wrong in {wrong} of "
+                      f"{len(expected)} cases.")
+    return False, (f"{len(expected) - len(misses)} of {len(expected)}. " + " ".join(
+        f"{k}: {expected[k]}, because {WHY.get(k, 'that is what the grid measured')}."
+        for k in misses))
+
+
+def _conv_only(answer):
+    expected = conv_only_saving()
+    value = _number(answer)
+    if abs(value - expected) < 0.05:
+        return True, ("nothing: the conv saves only its input, and that input is the "
+                      "checkpoint's argument, kept anyway (the residual add needs it too). Its "
+                      "output sits outside, where batch norm saves it.")
+    if value < 0.5:
+        return False, (f"Measured {expected:.2f}. A third would be the conv's input, but the "
+                       "checkpoint keeps its input: that is what it recomputes from.")
+    return False, (f"Measured {expected:.2f}. Two thirds is what checkpointing the whole branch "
+                   "frees (batch norm's input and the ReLU's output); around the conv alone, "
+                   "both stay outside the checkpoint.")
 
 
 def _dropout_chain(width: int = 16, depth: int = 4):
@@ -37,7 +165,7 @@ def _my_checkpoint(answer):
         yours = _grads(chain, answer, x)
     except Exception as e:  # the learner's code: report, do not raise
         return False, f"Your function raised {type(e).__name__}: {e}"
-    if not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, yours)):
+    if not all(torch.equal(a, b) for a, b in zip(plain, yours)):
         return False, ("Gradients differ from a plain run. The chain has Dropout: save "
                        "torch.get_rng_state() in forward and restore it around the recompute.")
     xs = x.detach().requires_grad_(True)
@@ -50,86 +178,18 @@ def _my_checkpoint(answer):
     return True, f"Gradients match a plain run and the forward keeps {kept:,} of {kept_plain:,} bytes."
 
 
-class _ResBlock(nn.Module):
-    """x + relu(bn(conv(x))), with the whole branch checkpointed when asked."""
-
-    def __init__(self, channels: int, whole_branch: bool):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-        self.bn = nn.BatchNorm2d(channels)
-        self.relu = nn.ReLU()
-        self.whole_branch = whole_branch
-
-    def branch(self, x):
-        return self.relu(self.bn(self.conv(x)))
-
-    def forward(self, x):
-        if self.whole_branch:
-            return x + checkpoint(self.branch, x)
-        return x + self.branch(x)
-
-
-def _branch_saving(answer):
-    torch.manual_seed(0)
-    x = torch.randn(4, 8, 16, 16, requires_grad=True)
-    plain = kept_after_forward(_ResBlock(8, False), x)
-    ckpt = kept_after_forward(_ResBlock(8, True), x)
-    expected = plain - ckpt
-    return _close(answer, expected, 0.01,
-                  "Too few: with the whole branch checkpointed, both the BatchNorm's input "
-                  "(the conv output) and the ReLU's output are dropped, each as large as x.",
-                  "Too many: x itself is kept (it is the checkpoint's input and the residual "
-                  "needs it) and the block's output is alive either way.")
-
-
-RNG_LAYERS = {"Linear": lambda: nn.Linear(16, 16), "ReLU": nn.ReLU, "GELU": nn.GELU,
-              "LayerNorm": lambda: nn.LayerNorm(16), "BatchNorm1d": lambda: nn.BatchNorm1d(16),
-              "Dropout": lambda: nn.Dropout(0.5), "AlphaDropout": lambda: nn.AlphaDropout(0.5),
-              "RReLU": nn.RReLU}
-
-
-def layers_needing_rng() -> set[str]:
-    """Measured: the layer types whose gradients change when the RNG state is not restored."""
-    out = set()
-    for name, make in RNG_LAYERS.items():
-        torch.manual_seed(0)
-        layer = nn.Sequential(nn.Linear(16, 16), make())
-        x = torch.randn(32, 16)
-        grads = []
-        for preserve in (True, False):
-            layer.zero_grad(set_to_none=True)
-            torch.manual_seed(1)
-            checkpoint(layer, x.requires_grad_(True), preserve_rng_state=preserve).sum().backward()
-            grads.append(layer[0].weight.grad.clone())
-        if not torch.equal(*grads):
-            out.add(name)
-    return out
-
-
-def _rng_layers(answer):
-    given, why = _name_set(answer, RNG_LAYERS, "layer names")
-    if why:
-        return False, why
-    expected = layers_needing_rng()
-    if given == expected:
-        return True, (f"{sorted(given)}: only these draw random numbers in forward (RReLU "
-                      "draws a slope for every negative input while training).")
-    if given - expected:
-        return False, (f"{sorted(given - expected)} compute the same thing every time they "
-                       "run; a layer needs the RNG replayed only if it draws random numbers.")
-    return False, ("A layer that draws random numbers in forward is missing from your set; run "
-                   "the commented measurement for every layer before you check again.")
-
-
 EXERCISES = [
-    Exercise("02.my_checkpoint", "Pass your checkpoint function (fn, x) -> fn(x): it must give "
-             "the gradients of a plain run through Dropout and keep fewer bytes.",
-             _my_checkpoint),
-    Exercise("02.branch_saving", "x of shape (4, 8, 16, 16) fp32, block x + relu(bn(conv(x))): "
-             "how many bytes does checkpointing the whole branch save after the forward?",
-             _branch_saving),
-    Exercise("02.rng_layers", "Predict, then measure: which of Linear, ReLU, GELU, LayerNorm, "
-             "BatchNorm1d, Dropout, AlphaDropout, RReLU give other gradients when the recompute "
-             "does not replay the random generator (preserve_rng_state=False)? Give a set of "
-             "names.", _rng_layers),
+    Exercise("02.kept_tensors", "torch.utils.checkpoint.checkpoint(chain, x, use_reentrant=False) "
+             "around 4 blocks Linear -> ReLU: after the forward, how many tokens x width tensors "
+             "does it keep: 0, 1 or 4?", _kept, expected=kept_tensors),
+    Exercise("02.torch_verdicts", "For each of the six cases, is PyTorch's non-reentrant "
+             "checkpoint 'right', silently 'wrong', or does it 'refuse' (raise)? A dict "
+             "{case: answer} over: " + ", ".join(repr(k) for k in WHY) + ".", _verdicts,
+             expected=torch_verdicts),
+    Exercise("02.conv_only_saving", "x + relu(bn(conv(x))) with only the conv checkpointed: "
+             "what fraction of what the block keeps after its forward does that free: 0, 1/3 "
+             "or 2/3?", _conv_only, expected=conv_only_saving),
+    Exercise("02.my_checkpoint", "Build task: pass your checkpoint function (fn, x) -> fn(x), "
+             "your minimal hooks design with the random generator replayed: it must give the "
+             "gradients of a plain run through Dropout and keep fewer bytes.", _my_checkpoint),
 ]

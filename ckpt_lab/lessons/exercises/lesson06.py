@@ -16,9 +16,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from .base import Exercise, _name_set, _number
 
 MIB = 2 ** 20
-# A hand-made chain in units whose resolution halves (lesson 10's exercise 10.minimum_budget).
-SHRINKING_ACT = [4, 4, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1]
-SHRINKING_OUT = [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]
 # Exercise 06.which_fit: three plans for the CPU-sized net and a budget for their step peak.
 FIT_PLANS = {"A": [0, 2, 4, 6, 8, 10], "B": [0, 1, 3], "C": [0, 2, 4]}
 FIT_BUDGET = int(1.75 * MIB)
