@@ -7,8 +7,8 @@ Two rooms, one direction (docs/architecture.md draws them):
   `checkpoint` (with `selective`, `recursive`, `offload`) changes what autograd keeps.
   Predictions and something to train: `formulas`, `parallel_formulas`, `profile`, `models`,
   `data`, `timing`; `losses` (cross-entropy in checkpointed chunks). Decide and apply:
-  `planner`, `modules`, `capacity`, `fallback`, `train`, `throughput`, `distributed`,
-  `snapshot`.
+  `planner`, `modules` (with `module_step`), `capacity`, `fallback`, `train`, `throughput`,
+  `distributed`, `snapshot`.
 * ``ckpt_lab.lessons`` is the course's scaffolding: what the notebooks lay out (course links and
   sizes, widgets, plots, exercises, lesson demos). It imports the library; the library never
   imports it. Import it only to follow the course.

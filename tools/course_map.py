@@ -221,12 +221,17 @@ OUTCOMES = {
     "07_combining_techniques": f"combine {_g('gradient accumulation', 'gradient-accumulation')}, "
                                f"bf16 {_g('autocast', 'autocast')}, {_g('offload', 'offload')} "
                                "and checkpointing, and pick the cheapest mix that fits",
-    "08_capacity_and_oom": "size Llama 2 7B-70B training "
-                           f"({_g('fused attention', 'fused-attention')}, {_g('GQA', 'gqa')}, "
-                           f"{_g('SwiGLU', 'swiglu')}) on a GPU, and recover from out-of-memory "
-                           "with a fallback ladder",
-    "09_checking_the_claims": "test every number of the two source articles by measurement",
-    "10_your_own_model": "profile, plan, apply and verify checkpointing on a model you bring",
+    "08_capacity_and_oom": "size a model's training memory, "
+                           f"{_g('model state', 'model-state')} first; pick the cheapest "
+                           f"checkpointing and {_g('accumulation', 'gradient-accumulation')} "
+                           "plan that fits one GPU, check the planner against a measured step, "
+                           "and write an out-of-memory fallback loop",
+    "09_checking_the_claims": "turn each numerical claim of the two source articles into a "
+                              "measurement and a verdict, on this CPU or the committed H200 run",
+    "10_your_own_model": "profile a model you bring, plan its checkpoints under a "
+                         f"{_g('budget', 'budget')}, apply the plan with `torch.utils.checkpoint` "
+                         "(gradients bit for bit) and check its predicted "
+                         f"{_g('step peak', 'step-peak')} against a measurement",
     "11_checkpointing_in_your_stack": "checkpoint Hugging Face and any model built of "
                                       f"{_g('blocks', 'block')}, use PyTorch's "
                                       f"{_g('selective API', 'selective-activation-checkpointing')}"

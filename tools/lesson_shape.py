@@ -19,7 +19,8 @@ import nbformat
 
 # Lessons already in the lesson form; the conftest holds each of them to every rule.
 SHAPED: set[str] = {"00_tour", "01_where_memory_goes", "02_checkpointing_from_scratch",
-                     "03_segments_and_sqrt_l", "11_checkpointing_in_your_stack", "12_scale_out"}
+                     "03_segments_and_sqrt_l", "08_capacity_and_oom", "09_checking_the_claims",
+                     "10_your_own_model", "11_checkpointing_in_your_stack", "12_scale_out"}
 
 MAX_PROSE_WORDS = 180
 MAX_TEXT_LINES = 45

@@ -36,9 +36,9 @@ LESSONS = {
     "05_transformers_selective": "Transformers and selective recomputation",
     "06_optimal_schedules": "Optimal schedules: the planner, the Pareto front, recursion",
     "07_combining_techniques": "Combining checkpointing, accumulation, mixed precision, offload",
-    "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
-    "09_checking_the_claims": "Checking the claims of the source articles",
-    "10_your_own_model": "Your own model: profile, plan, apply, verify",
+    "08_capacity_and_oom": "Will Llama 2 fit on one GPU, and what makes it fit?",
+    "09_checking_the_claims": "Do the two source articles hold up under measurement?",
+    "10_your_own_model": "How much would checkpointing save your model, and can you trust the plan?",
     "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
     "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
 }
