@@ -18,10 +18,18 @@ block allocated before is left out. On CUDA the allocator reports such frees fai
 the CPU allocator knows a block's size only if it was allocated while some profiler ran, so it
 reports none (PyTorch warns "Memory block of unknown size was allocated before the profiling
 started") or, when an earlier profiled block had the same address, that block's stale size.
+
+Starting and stopping the profiler, libkineto writes "USDT: ... profiler_start" and
+"profiler_stop" lines to the process's stderr (file descriptor 2, which Jupyter shows under the
+cell); `AllocatorRecording` drops those two lines and passes on anything else written there.
 """
 from __future__ import annotations
 
 import bisect
+import contextlib
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -95,12 +103,14 @@ class AllocatorRecording:
         if self.cuda_activity:
             activities.append(ProfilerActivity.CUDA)
         self._prof = profile(activities=activities, profile_memory=True)
-        self._prof.__enter__()
+        with without_trace_lines():
+            self._prof.__enter__()
         return self
 
     def __exit__(self, *exc):
         prof, self._prof = self._prof, None
-        prof.__exit__(*exc)
+        with without_trace_lines():
+            prof.__exit__(*exc)
         reported, marks = [], []
         stack = list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
@@ -157,6 +167,33 @@ class AllocatorRecording:
             high = max([before] + levels[first:last])
             out[n] = OpLevels(after, high)
         return out
+
+
+@contextlib.contextmanager
+def without_trace_lines():
+    """Drop the lines libkineto writes to file descriptor 2 as a profiler starts and stops
+    ("USDT: ... profiler_start"); pass on everything else written there meanwhile."""
+    try:
+        saved = os.dup(2)
+    except OSError:                       # no stderr to guard
+        yield
+        return
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True)
+                    if not line.startswith(b"USDT:")]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def _device_name(device: torch.device) -> str:

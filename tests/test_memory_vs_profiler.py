@@ -13,6 +13,8 @@ taken out of the allocator's list:
 
 Each workload prints the raw difference and what explains it (run with ``-s`` to read them).
 """
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -400,3 +402,14 @@ def test_cuda_allocator_peak_and_op_levels_match_torch_cuda_statistics():
         step()
     ours = [(p.op, p.allocator_bytes, p.transient_bytes) for p in mem.timeline]
     assert ours == stats.rows
+
+
+def test_allocator_mode_drops_the_profilers_trace_lines_and_nothing_else(capfd):
+    # libkineto writes "USDT: ... profiler_start/stop" to fd 2, which Jupyter shows under a cell
+    with track_memory(allocator=True) as mem:
+        torch.ones(10)
+    assert "USDT" not in capfd.readouterr().err and mem.allocator_peak_bytes == 40
+    from ckpt_lab.allocator import without_trace_lines
+    with without_trace_lines():
+        os.write(2, b"USDT:2026 x.cpp:52] profiler_start\nan error the user must see\n")
+    assert capfd.readouterr().err == "an error the user must see\n"

@@ -102,3 +102,34 @@ def test_measured_vs_predicted_series_can_be_told_apart():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["A", "A measured", "B", "B measured"]
     assert list(fig.axes[0].get_lines()[1].get_ydata()) == [1.0, 2.0]
+
+
+# ------------------------------------------------------ lesson 1: tensor vs allocator bytes
+def test_allocator_timeline_draws_tensor_and_allocator_bytes_and_marks_both_peaks():
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    with track_memory(allocator=True) as mem:
+        c = torch.empty(1000)
+        c.resize_(3000)             # holds the old and the new storage for a moment: 4,000 B
+        (torch.randn(8, 64) @ w).relu().sum().backward()
+    with track_memory() as plain:
+        torch.ones(10)
+    fig = plots.allocator_timeline({"step": mem})
+    (a,) = fig.axes
+    phase = {to_rgba(col): name for name, col in plots.PHASE_COLORS.items()}
+    drawn = [l for l in a.get_lines() if l.get_label().startswith("tensor bytes, ")]
+    assert {l.get_label() for l in drawn} == {"tensor bytes, forward", "tensor bytes, backward"}
+    assert all(l.get_label().endswith(phase[to_rgba(l.get_color())]) for l in drawn)
+    marks = {l.get_label(): l.get_ydata()[0] * 1024 for l in a.get_lines()
+             if l.get_label() in ("tensor peak", "allocator peak")}      # KiB below 1 MiB
+    at = mem.allocator_peak_point()
+    assert marks == {"tensor peak": mem.peak_bytes,
+                     "allocator peak": at.allocator_bytes + at.transient_bytes}
+    (spikes,) = a.collections                     # one grey spike per op that held bytes
+    held = [p for p in mem.timeline if p.transient_bytes]
+    assert len(spikes.get_segments()) == len(held) >= 1
+    assert max(p.transient_bytes for p in held) == 4000
+    labels = [t.get_text() for t in a.get_legend().get_texts()]
+    assert len(labels) == len(set(labels)) and "held only while the op ran" in labels
+    with pytest.raises(ValueError, match="allocator=True"):
+        plots.allocator_timeline({"no allocator": plain})

@@ -198,7 +198,9 @@ OUTCOMES = {
     "01_where_memory_goes": "measure and predict parameters, gradients, optimizer states "
                             f"({_g('model state', 'model-state')}, "
                             f"{_g('mixed precision', 'mixed-precision')} included) and "
-                            "activations, and find the step's peak moment",
+                            "activations, find the step's peak moment, and tell "
+                            f"{_g('tensor bytes', 'tensor-bytes')} from "
+                            f"{_g('allocator bytes', 'allocator-bytes')}",
     "02_checkpointing_from_scratch": f"build the {_g('reentrant', 'reentrant')} and "
                                      f"{_g('saved-tensor-hooks', 'saved-tensor-hooks')} designs "
                                      "exact to PyTorch's bit, name the guard against each of "

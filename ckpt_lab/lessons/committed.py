@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ckpt_lab.lessons.units import fmt_bytes
+
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu"
 
 
@@ -49,3 +51,58 @@ def section(key: str) -> dict | None:
     """One top-level section of the committed gpu_check run ("offload", "precision", ...)."""
     found = gpu_result("gpu_check")
     return None if found is None else found.get(key)
+
+
+# ------------------------------------------------------------------ lesson 1: allocator bytes
+def tracker_vs_allocator(run: dict) -> dict[str, dict]:
+    """``gpu_check``'s tracker-vs-allocator rows by workload, in one shape whatever the run's
+    age: `tensor_peak` (track_memory's), `max_allocated` (the rise of
+    ``torch.cuda.max_memory_allocated`` over the same step), and `events` True where the run
+    also has track_memory(allocator=True)'s own peak (`allocator_peak`), the op at that peak
+    (`at_peak`), and the process's `allocated` and `reserved` bytes at their peaks; older runs
+    have None there."""
+    rows = {}
+    for r in run["tracker_vs_allocator"]:
+        events = "max_memory_allocated_bytes" in r
+        before, most = r.get("allocated_before_bytes"), r.get("max_memory_allocated_bytes")
+        rows[r["workload"]] = {
+            "batch": r["batch"], "tensor_peak": r["tracked_peak_bytes"], "events": events,
+            # runs before track_memory(allocator=True) stored max_memory_allocated's rise here
+            "max_allocated": most if events else r["allocator_peak_bytes"],
+            "allocator_peak": r["allocator_peak_bytes"] if events else None,
+            "at_peak": r["at_allocator_peak"]["op"].split(".")[0] if events else None,
+            "allocated": before + most if events and None not in (before, most) else None,
+            "reserved": r.get("max_memory_reserved_bytes"),
+        }
+    return rows
+
+
+def allocator_lines(run: dict, workloads=("mlp-gpu none", "gpt-gpu none", "resnet-gpu none")
+                    ) -> list[str]:
+    """Lesson 1's table of a committed GPU run: per workload, tensor bytes against allocator
+    bytes, and reserved bytes where the run has them; else a line saying the run predates it."""
+    rows = tracker_vs_allocator(run)
+    rows = {w: rows[w] for w in workloads if w in rows}
+    where = f"{run['device']} (committed run, torch {run['torch']})"
+
+    def show(n):
+        return "n/a" if n is None else fmt_bytes(n)
+
+    def over(a, b):
+        return "" if None in (a, b) else f" ({a / b - 1:+.1%})"
+
+    if all(r["events"] for r in rows.values()):
+        lines = [f"{where}, one forward + backward, tensor bytes -> allocator bytes "
+                 "(its events; max_memory_allocated), then the process's peaks:"]
+        lines += [f"  {w}, batch {r['batch']}: {show(r['tensor_peak'])} -> "
+                  f"{show(r['allocator_peak'])}{over(r['allocator_peak'], r['tensor_peak'])}; "
+                  f"{show(r['max_allocated'])}, peak in {r['at_peak']}; process "
+                  f"{show(r['allocated'])} allocated, {show(r['reserved'])} reserved"
+                  for w, r in rows.items()]
+        return lines
+    lines = [f"{where} predates the allocator-events table (per-op transients, reserved "
+             "bytes); it has torch.cuda.max_memory_allocated over one forward + backward:"]
+    lines += [f"  {w}, batch {r['batch']}: tensor peak {show(r['tensor_peak'])} -> "
+              f"max_memory_allocated {show(r['max_allocated'])}"
+              f"{over(r['max_allocated'], r['tensor_peak'])}" for w, r in rows.items()]
+    return lines

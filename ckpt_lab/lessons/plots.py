@@ -1040,3 +1040,74 @@ def combination_grid(rows: list, budget_bytes: int,
     fig.suptitle(title + " (filled: fits)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
+
+
+# ------------------------------------------------------ lesson 1: tensor vs allocator bytes
+def allocator_timeline(logs: dict[str, MemoryLog], ax=None,
+                       title="Tensor bytes and allocator bytes, operation by operation"):
+    """Per run (one panel each, own y axis): tensor bytes after each operation, coloured by
+    phase; the allocator's bytes after it (dashed black); what an operation held only while it
+    ran, as a grey spike above that; both peaks marked, the allocator's named by its op.
+
+    Needs logs measured with ``track_memory(allocator=True)``. Each panel in KiB below 1 MiB,
+    in MiB above.
+    """
+    runs = list(logs.items())
+    if not runs:
+        raise ValueError("allocator_timeline needs at least one run: {name: MemoryLog}")
+    for name, log in runs:
+        if log.allocator_peak_bytes is None:
+            raise ValueError(f"{name!r} has no allocator bytes: measure it with "
+                             "track_memory(allocator=True)")
+    if ax is None:
+        fig, grid = plt.subplots(len(runs), 1, figsize=(9.5, 0.9 + 2.3 * len(runs)),
+                                 squeeze=False)
+        axes = list(grid[:, 0])
+    else:
+        axes = list(ax) if isinstance(ax, (list, tuple)) else [ax]
+        if len(axes) != len(runs):
+            raise ValueError(f"allocator_timeline draws one run per Axes: got {len(runs)} runs "
+                             f"and {len(axes)} Axes")
+        fig = axes[0].figure
+    for a, (name, log) in zip(axes, runs):
+        top_bytes = max(log.allocator_peak_bytes, log.peak_bytes)
+        unit, scale = ("MiB", MIB) if top_bytes >= MIB else ("KiB", 1024)
+        points = [p for p in log.timeline if p.allocator_bytes is not None]
+        steps = [p.step for p in points]
+        phases = [p.phase for p in points]
+        live = [p.live_bytes / scale for p in points]
+        for phase, color in PHASE_COLORS.items():
+            if phase in phases:   # a point joins its phase's line, and so does the one before
+                ys = [y if ph == phase or (i + 1 < len(phases) and phases[i + 1] == phase)
+                      else float("nan") for i, (y, ph) in enumerate(zip(live, phases))]
+                a.plot(steps, ys, lw=1.6, color=color, label=f"tensor bytes, {phase}")
+        a.plot(steps, [p.allocator_bytes / scale for p in points], ls="--", lw=1,
+               color="black", label="allocator bytes after the op")
+        held = [p for p in points if p.transient_bytes]
+        if held:
+            a.vlines([p.step for p in held], [p.allocator_bytes / scale for p in held],
+                     [(p.allocator_bytes + p.transient_bytes) / scale for p in held],
+                     color="tab:gray", lw=2.5, label="held only while the op ran")
+        top = max(points, key=lambda p: p.live_bytes)
+        a.plot([top.step], [top.live_bytes / scale], "v", color="black", ms=7,
+               label="tensor peak")
+        at = log.allocator_peak_point()
+        high = (at.allocator_bytes + at.transient_bytes) / scale
+        a.plot([at.step], [high], "*", color="black", ms=11, label="allocator peak")
+        a.annotate(at.op.split(".")[0], (at.step, high), xytext=(6, -4),
+                   textcoords="offset points", fontsize=8, va="top")
+        a.set_title(f"{name}: tensor peak {log.peak_bytes / scale:,.1f} {unit}, allocator "
+                    f"peak {log.allocator_peak_bytes / scale:,.1f} {unit}", fontsize=10)
+        a.set_ylabel(unit)
+        a.set_ylim(0, 1.12 * top_bytes / scale)
+    handles = {}
+    for a in axes:
+        for h, label in zip(*a.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    axes[0].legend(list(handles.values()), list(handles), fontsize=8, loc="upper left",
+                   bbox_to_anchor=(1.01, 1))
+    axes[-1].set_xlabel("operation (in order)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

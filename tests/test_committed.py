@@ -1,0 +1,32 @@
+"""Lesson 1's reading of the committed GPU check: either age of its tracker-vs-allocator table."""
+import torch
+
+from benchmarks import gpu_check
+from ckpt_lab.lessons import committed
+
+WORKLOADS = ("mlp-gpu none", "gpt-gpu none", "resnet-gpu none")
+
+
+def test_the_committed_run_is_shown_or_said_to_predate_the_table():
+    run = committed.gpu_result("gpu_check")
+    rows = committed.tracker_vs_allocator(run)
+    lines = committed.allocator_lines(run)
+    assert len(lines) == 1 + len(WORKLOADS)
+    assert ("predates" in lines[0]) == (not all(rows[w]["events"] for w in WORKLOADS))
+    for w, line in zip(WORKLOADS, lines[1:]):
+        assert line.startswith(f"  {w}, batch {rows[w]['batch']}:")
+        assert rows[w]["max_allocated"] >= rows[w]["tensor_peak"]   # rounding, workspaces
+
+
+def test_a_run_with_the_allocator_events_gets_its_table(one_thread):
+    # the rows gpu_check writes since track_memory(allocator=True), here on the CPU at tiny size
+    run = {"device": "cpu", "torch": torch.__version__,
+           "tracker_vs_allocator": gpu_check.tracker_vs_allocator(torch.device("cpu"), quick=True)}
+    rows = committed.tracker_vs_allocator(run)
+    conv = rows["resnet-tiny none"]
+    assert conv["events"] and conv["allocator_peak"] > conv["tensor_peak"]
+    assert conv["at_peak"] == "convolution_backward" and conv["max_allocated"] is None
+    lines = committed.allocator_lines(run, workloads=("mlp-tiny none", "resnet-tiny none"))
+    assert len(lines) == 3 and "predates" not in lines[0]
+    assert "convolution_backward" in lines[2] and "n/a allocated, n/a reserved" in lines[2]
+    assert "(+0.0%)" in lines[1]                  # the MLP: the two numbers agree
