@@ -544,15 +544,6 @@ PREDICTED = "black"           # predicted lines
 NEUTRAL_COLORS = ("tab:gray", "tab:cyan", "tab:pink", "tab:olive", "tab:brown")  # not phases
 
 
-def segments_label(strategy: str) -> str:
-    """The course's words for a capacity-planner strategy: "every 4 blocks" -> "segments of 4"."""
-    if strategy == "every block":
-        return "segments of 1"
-    if strategy.startswith("every ") and strategy.endswith(" blocks"):
-        return f"segments of {strategy.split()[1]}"
-    return strategy
-
-
 def capacity_bars(state_bytes: dict, activation_bytes: dict, leanest_bytes: dict,
                   budgets: dict, ax=None, title="Planned, not measured: model state + "
                   "activations per model"):
@@ -610,7 +601,7 @@ def layer_bars(terms_by_variant: dict, ax=None, title="One layer's saved bytes (
     return fig
 
 
-def capacity_scatter(rows, budget_bytes: int, ax=None, label=segments_label,
+def capacity_scatter(rows, budget_bytes: int, ax=None,
                      title="Which plans fit, and what they recompute (planned)"):
     """One point per (strategy, micro-batch) row of `capacity.strategy_rows`: the planned total
     (GiB) against recompute (% of a step's FLOPs). Colour = micro-batch, marker = strategy,
@@ -633,7 +624,7 @@ def capacity_scatter(rows, budget_bytes: int, ax=None, label=segments_label,
     handles = [plt.Line2D([], [], ls="", marker="o", color=colors[m], label=f"micro-batch {m}")
                for m in micros]
     handles += [plt.Line2D([], [], ls="", marker=markers[s], color="k", mfc="none",
-                           label=label(s)) for s in strategies]
+                           label=s) for s in strategies]
     handles += [plt.Line2D([], [], color=PREDICTED, ls="--", lw=1, label="budget (85%)"),
                 plt.Line2D([], [], ls="", marker="o", ms=12, mfc="none", color=PREDICTED,
                            label="cheapest that fits")]
