@@ -772,3 +772,33 @@ def plan_profile(profile, boundaries, measured: dict, predicted: dict, budget_by
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------- lesson 08: allocator fragmentation
+def reserved_vs_allocated(runs: dict,
+                          title="Reserved (the allocator's cache included) against allocated "
+                                "(tensors), per step (measured)"):
+    """One panel per run: per training step, the bytes the CUDA caching allocator reserved (grey
+    bar) and the bytes its tensors held (cyan bar inside it), read after the step; the grey above
+    the cyan is cache. `runs`: name -> steps, each a dict with "seq", "allocated_bytes" and
+    "reserved_bytes" (as gpu_check's fragmentation section writes them). Runs whose names share
+    the text before the first comma (one machine's settings) share a y scale."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs) + 1, 3.2), squeeze=False)
+    group = {name: name.split(",")[0] for name in runs}
+    top = {g: max(s["reserved_bytes"] for name, steps in runs.items() if group[name] == g
+                  for s in steps) for g in group.values()}
+    for a, (run, steps) in zip(axes[0], runs.items()):
+        unit, name = (GIB, "GiB") if top[group[run]] >= GIB else (MIB, "MiB")
+        xs = range(len(steps))
+        a.bar(xs, [s["reserved_bytes"] / unit for s in steps], color=NEUTRAL_COLORS[0],
+              label="reserved: memory_reserved()")
+        a.bar(xs, [s["allocated_bytes"] / unit for s in steps], width=0.5,
+              color=NEUTRAL_COLORS[1], label="allocated: memory_allocated()")
+        a.set_xticks(list(xs), [str(s["seq"]) for s in steps], fontsize=7)
+        a.set_ylim(0, 1.3 * top[group[run]] / unit)
+        a.set(title=run, xlabel="sequence length of the step", ylabel=name)
+        a.title.set_fontsize(9)
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
