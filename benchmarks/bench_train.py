@@ -1,6 +1,6 @@
 """What checkpointing costs a GPT training step: time, peak memory and counted FLOPs.
 
-For the GPT preset and the policies none, every block, every 2nd block, selective (attention
+For the GPT preset and the policies none, every block, segments of 2 blocks, selective (attention
 core only, Megatron's "selective"), the same core recomputed by PyTorch's own selective
 checkpointing, and an op-level policy (each block checkpointed, matmul outputs saved) by
 ckpt_lab and by PyTorch, one run measures the forward + backward time (median of paired,

@@ -14,7 +14,7 @@ Four measurements, each at the GPU sizes the lessons pick by themselves (`course
 * fp16: `train(precision="fp16")` with its GradScaler beside fp32 and bf16: losses finite, the
   scale the scaler settled on, peaks and step times.
 * policies: `benchmarks.bench_train` on the GPT at GPU size: step time, FLOPs and peak of each
-  checkpoint policy (none, every block, every 2nd block, selective, PyTorch's selective when
+  checkpoint policy (none, every block, segments of 2 blocks, selective, PyTorch's selective when
   the benchmark has it).
 * throughput: `benchmarks.bench_throughput` at GPU size: tokens per second at equal global
   batch, checkpointing a larger micro-batch against accumulation, for two memory budgets.

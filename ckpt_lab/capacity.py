@@ -140,7 +140,12 @@ ARCHITECTURES = {
 
 @dataclass(frozen=True)
 class StrategyRow:
-    """One strategy at one micro-batch: its memory, its recompute and whether it fits."""
+    """One strategy at one micro-batch: its memory, its recompute and whether it fits.
+
+    strategy: "none", "selective", "segments of k blocks" (one checkpoint per run of k
+    consecutive blocks, the models' ``policy="every:k"``; "segments of 1 block" is full
+    recomputation) or "recursive" (bisection, lesson 6).
+    """
 
     strategy: str
     accumulation_steps: int
@@ -227,7 +232,7 @@ def strategy_rows(cfg: TransformerConfig, device_bytes: int,
         for k in [1] + ks:
             starts = list(range(0, L, k))
             peak = F.segmented_peak_bytes(starts, [layer] * L, [boundary] * L, boundary)
-            name = "every block" if k == 1 else f"every {k} blocks"
+            name = "segments of 1 block" if k == 1 else f"segments of {k} blocks"
             candidates.append((name, peak, starts[-1] * fwd_layer / base))
         bis = F.bisection_cost(L, layer, boundary)
         candidates.append(("recursive", bis.peak_bytes, bis.recompute_layers * fwd_layer / base))
@@ -255,10 +260,10 @@ def plan_table(cfg: TransformerConfig, device_bytes: int,
              f"{cfg.precision} + {cfg.optimizer}",
              f"device {device_bytes / gib:.1f} GiB, budget {headroom:.0%} = "
              f"{headroom * device_bytes / gib:.1f} GiB",
-             f"{'strategy':<16}{'accum':>6}{'micro':>6}{'activations':>13}{'state':>10}"
+             f"{'strategy':<22}{'accum':>6}{'micro':>6}{'activations':>13}{'state':>10}"
              f"{'total':>10}{'recompute':>11}  fits"]
     for r in rows:
-        lines.append(f"{r.strategy:<16}{r.accumulation_steps:>6}{r.micro_batch:>6}"
+        lines.append(f"{r.strategy:<22}{r.accumulation_steps:>6}{r.micro_batch:>6}"
                      f"{r.activation_bytes / gib:>12.2f}G{r.model_state_bytes / gib:>9.2f}G"
                      f"{r.total_bytes / gib:>9.2f}G{r.recompute_overhead:>10.1%}  "
                      f"{'yes' if r.fits else 'no'}")

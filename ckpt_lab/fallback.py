@@ -5,7 +5,8 @@ Given a training-step function of a `StepConfig`, `run_with_fallback` tries it; 
 `track_memory(limit_bytes=...)`) it moves one rung down and tries again, logging each rung.
 The rungs, in the source article's order by default:
 
-* ``"densify"``: checkpoint more densely: off -> every `max_every` blocks -> half that -> ... -> 1;
+* ``"densify"``: checkpoint more densely: off -> segments of `max_every` blocks -> of half that
+  -> ... -> of 1 block (``checkpoint_every=k``: one checkpoint per run of k consecutive blocks);
 * ``"accumulate"``: double the gradient accumulation steps, halving the micro-batch, so the
   effective batch (and the optimisation) stays the same;
 * ``"shrink"``: halve the batch itself, which does change the optimisation (logged as such).

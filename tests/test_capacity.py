@@ -27,10 +27,10 @@ def test_rows_follow_the_formulas():
     assert first["selective"].activation_bytes == 24 * F.megatron_layer_bytes(
         2048, 8, 1024, 16, selective=True) + extra
     assert first["none"].model_state_bytes == 16 * SMALL.num_params
-    assert first["every block"].activation_bytes < first["every 8 blocks"].activation_bytes \
+    assert first["segments of 1 block"].activation_bytes < first["segments of 8 blocks"].activation_bytes \
         < first["none"].activation_bytes
     assert first["none"].recompute_overhead == 0 < first["selective"].recompute_overhead \
-        < first["every block"].recompute_overhead < first["recursive"].recompute_overhead
+        < first["segments of 1 block"].recompute_overhead < first["recursive"].recompute_overhead
     # accumulation halves the micro-batch and with it every activation term
     assert {r.micro_batch for r in rows} == {8, 4, 2, 1}
 
@@ -94,7 +94,7 @@ def test_cli_as_a_module():
                           "--hidden", "4096", "--heads", "32", "--seq", "2048",
                           "--micro-batch", "1", "--device-memory", "80GB"],
                          capture_output=True, text=True, check=True).stdout
-    assert "every block" in out and "selective" in out and "nothing fits" in out
+    assert "segments of 1 block" in out and "every" not in out and "selective" in out and "nothing fits" in out
 
 
 # --------------------------------------------------------------------- a tiny Llama, measured

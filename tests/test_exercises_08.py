@@ -37,10 +37,10 @@ def test_planner_reads_low_most_at_the_densest_by_the_op_by_op_formula():
                if r.accumulation_steps == 1}
     layers = formulas.gpt_layers(b, t, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, 4, False)
     by_formula = {}
-    for name, policy in (("none", "none"), ("every block", "every"), ("every 2 blocks", "every:2")):
+    for name, policy in (("none", "none"), ("segments of 1 block", "every"), ("segments of 2 blocks", "every:2")):
         segs = build_model(cfg, policy=policy).segments()
         by_formula[name] = formulas.chain_peak_bytes(layers, segs, b * t, cfg.vocab_size, 4) / planned[name]
-    assert min(by_formula.values()) > 1 and max(by_formula, key=by_formula.get) == "every block"
+    assert min(by_formula.values()) > 1 and max(by_formula, key=by_formula.get) == "segments of 1 block"
     measured = exercises.lesson08.planner_ratios()
     assert min(measured.values()) > 1 and exercises.lesson08.planner_error() == ("low", "segments of 1")
     assert _judge("08.planner_error", ("low", "segments of 1"))

@@ -33,3 +33,33 @@ def allocator_over_tracked() -> dict | None:
     run = load()
     return None if run is None else {r["workload"]: r["allocator_over_tracked"]
                                      for r in run["tracker_vs_allocator"]}
+
+
+FRAGMENTATION_SETTINGS = ("default", "expandable_segments")
+RECORD = "record it with scripts/gpu_check.sh on a GPU"
+
+
+def fragmentation() -> tuple[dict | None, str]:
+    """The committed run's fragmentation check (`gpu_result("gpu_check")["fragmentation"]`) as
+    {setting: its child's result} where both settings ran, and one line for the lesson to print:
+    each setting's reserved/allocated peaks and what its capped run met, or why there is none."""
+    run = load()
+    if run is None:
+        return None, f"no committed GPU run in this install; {RECORD}"
+    frag = run.get("fragmentation")
+    if frag is None:
+        return None, (f"{label()} predates the fragmentation check: {RECORD} "
+                      "(gpu_check.json's 'fragmentation')")
+    runs = {s: frag[s] for s in FRAGMENTATION_SETTINGS if "whole_device" in frag.get(s, {})}
+    if len(runs) < len(FRAGMENTATION_SETTINGS):
+        why = frag.get("skipped") or "; ".join(str(frag.get(s, {}).get("error", "missing"))[:80]
+                                               for s in FRAGMENTATION_SETTINGS if s not in runs)
+        return None, f"{label()}: the fragmentation check did not run ({why}); {RECORD}"
+    parts = []
+    for setting, child in runs.items():
+        whole, capped = child["whole_device"], child.get("capped", {})
+        met = ("out of memory" if capped.get("oom") else f"all {len(capped.get('steps', []))} steps")
+        parts.append(f"{setting}: peak reserved/allocated ×"
+                     f"{whole['max_reserved_bytes'] / whole['max_allocated_bytes']:.2f}; capped, "
+                     f"{capped.get('num_alloc_retries')} retries, {met}")
+    return runs, f"{label()}: " + " · ".join(parts)

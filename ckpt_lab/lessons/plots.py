@@ -544,15 +544,6 @@ PREDICTED = "black"           # predicted lines
 NEUTRAL_COLORS = ("tab:gray", "tab:cyan", "tab:pink", "tab:olive", "tab:brown")  # not phases
 
 
-def segments_label(strategy: str) -> str:
-    """The course's words for a capacity-planner strategy: "every 4 blocks" -> "segments of 4"."""
-    if strategy == "every block":
-        return "segments of 1"
-    if strategy.startswith("every ") and strategy.endswith(" blocks"):
-        return f"segments of {strategy.split()[1]}"
-    return strategy
-
-
 def capacity_bars(state_bytes: dict, activation_bytes: dict, leanest_bytes: dict,
                   budgets: dict, ax=None, title="Planned, not measured: model state + "
                   "activations per model"):
@@ -610,7 +601,7 @@ def layer_bars(terms_by_variant: dict, ax=None, title="One layer's saved bytes (
     return fig
 
 
-def capacity_scatter(rows, budget_bytes: int, ax=None, label=segments_label,
+def capacity_scatter(rows, budget_bytes: int, ax=None,
                      title="Which plans fit, and what they recompute (planned)"):
     """One point per (strategy, micro-batch) row of `capacity.strategy_rows`: the planned total
     (GiB) against recompute (% of a step's FLOPs). Colour = micro-batch, marker = strategy,
@@ -633,7 +624,7 @@ def capacity_scatter(rows, budget_bytes: int, ax=None, label=segments_label,
     handles = [plt.Line2D([], [], ls="", marker="o", color=colors[m], label=f"micro-batch {m}")
                for m in micros]
     handles += [plt.Line2D([], [], ls="", marker=markers[s], color="k", mfc="none",
-                           label=label(s)) for s in strategies]
+                           label=s) for s in strategies]
     handles += [plt.Line2D([], [], color=PREDICTED, ls="--", lw=1, label="budget (85%)"),
                 plt.Line2D([], [], ls="", marker="o", ms=12, mfc="none", color=PREDICTED,
                            label="cheapest that fits")]
@@ -1109,5 +1100,35 @@ def allocator_timeline(logs: dict[str, MemoryLog], ax=None,
     axes[-1].set_xlabel("operation (in order)")
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------- lesson 08: allocator fragmentation
+def reserved_vs_allocated(runs: dict,
+                          title="Reserved (the allocator's cache included) against allocated "
+                                "(tensors), per step (measured)"):
+    """One panel per run: per training step, the bytes the CUDA caching allocator reserved (grey
+    bar) and the bytes its tensors held (cyan bar inside it), read after the step; the grey above
+    the cyan is cache. `runs`: name -> steps, each a dict with "seq", "allocated_bytes" and
+    "reserved_bytes" (as gpu_check's fragmentation section writes them). Runs whose names share
+    the text before the first comma (one machine's settings) share a y scale."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs) + 1, 3.2), squeeze=False)
+    group = {name: name.split(",")[0] for name in runs}
+    top = {g: max(s["reserved_bytes"] for name, steps in runs.items() if group[name] == g
+                  for s in steps) for g in group.values()}
+    for a, (run, steps) in zip(axes[0], runs.items()):
+        unit, name = (GIB, "GiB") if top[group[run]] >= GIB else (MIB, "MiB")
+        xs = range(len(steps))
+        a.bar(xs, [s["reserved_bytes"] / unit for s in steps], color=NEUTRAL_COLORS[0],
+              label="reserved: memory_reserved()")
+        a.bar(xs, [s["allocated_bytes"] / unit for s in steps], width=0.5,
+              color=NEUTRAL_COLORS[1], label="allocated: memory_allocated()")
+        a.set_xticks(list(xs), [str(s["seq"]) for s in steps], fontsize=7)
+        a.set_ylim(0, 1.3 * top[group[run]] / unit)
+        a.set(title=run, xlabel="sequence length of the step", ylabel=name)
+        a.title.set_fontsize(9)
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -84,7 +84,7 @@ def planner_ratios() -> dict:
             p.grad = torch.zeros_like(p)
         with track_memory() as mem:
             model(x, y).backward()
-        key = {"segments of 1": "every block", "segments of 2": "every 2 blocks"}.get(name, name)
+        key = {"segments of 1": "segments of 1 block", "segments of 2": "segments of 2 blocks"}.get(name, name)
         ratios[name] = mem.peak_bytes / planned[key]
     return ratios
 
