@@ -7,7 +7,9 @@ memory models, chosen by what a function is given:
 
 * a profile from `profile_layers(layers, x)`: the step model (`step_peak_bytes`), the peak
   `track_memory` measures for one training step with the plan, built from measurements of
-  each layer alone; `plan_chain(layers, x, budget_bytes)` profiles and plans in one call;
+  each layer alone; `plan_chain(layers, x, budget_bytes)` profiles and plans in one call.
+  With ``allocator=True`` both count the allocator's bytes (op temporaries, the generator
+  states checkpoints keep) instead of tensor bytes: see `plan_chain`;
 * plain lists act_bytes, out_bytes, fwd_cost: the activation model of lesson 3
   (`formulas.segmented_peak_bytes`), saved activations and kept inputs only.
 
@@ -298,27 +300,43 @@ def pareto_front(act_bytes, out_bytes=None, fwd_cost=None, input_bytes=0) -> lis
         budget = hi
 
 
-def plan_chain(layers, x, budget_bytes, repeats: int = 3) -> Plan:
+def plan_chain(layers, x, budget_bytes, repeats: int = 3, allocator: bool = False) -> Plan:
     """Profile `layers` on `x` and return the cheapest plan whose step peak fits `budget_bytes`.
 
     The step is `checkpoint_sequential(layers, x, boundaries=plan.boundaries)` followed by
     `.float().sum().backward()`, with parameter gradients allocated beforehand; `peak_bytes` is
-    its predicted peak as `track_memory` measures it (x and parameters are allocated before
-    the step, so they are not in it). Recompute cost is in profiled forward seconds. Raises
-    BudgetTooSmallError naming the least budget any plan fits. No checkpointed segment starts
-    at a layer that writes its input in place (`checkpoint_sequential` refuses that).
+    its predicted peak (x and parameters are allocated before the step, so they are not in
+    it). Recompute cost is in profiled forward seconds. Raises BudgetTooSmallError naming the
+    least budget any plan fits. No checkpointed segment starts at a layer that writes its
+    input in place (`checkpoint_sequential` refuses that).
 
-    What a budget counts: tensor bytes as `track_memory` sees them, every storage an operation
-    of the step creates (a view's once), alive at the same moment. What the allocator holds on
-    top, which no budget here counts (`ckpt_lab.allocator.profiled_memory` measures it beside
-    the prediction): every live checkpoint keeps the CPU random generator's state, the 5,056-byte
-    tensor `torch.get_rng_state()` returns (``preserve_rng_state=True``, the default; each CUDA
-    device's generator state too, in CPU memory), made outside the dispatcher; operations'
-    temporaries, allocated and freed inside one operation (a CPU convolution's column
-    buffers); and, on CUDA, the caching allocator's rounding and cached blocks.
+    What a budget counts, in one of two units:
+
+    * ``allocator=False`` (the default), tensor bytes: every storage an operation of the step
+      creates (a view's once), alive at the same moment; `peak_bytes` predicts the
+      `peak_bytes` of `track_memory()` around the step.
+    * ``allocator=True``, the allocator's bytes: `peak_bytes` predicts the
+      `allocator_peak_bytes` of `track_memory(allocator=True)` around the step, the most the
+      allocator itself held (every device together), so the allocator's own peak stays within
+      the budget. On top of the tensor bytes that counts operations' temporaries, allocated
+      and freed inside one operation (a CPU convolution's column buffers), and what no
+      operation makes: the random generators' states every live checkpoint keeps
+      (``preserve_rng_state=True``, the default: the CPU generator's, 5,056 bytes here, and
+      each CUDA device's, all in CPU memory), a copy of them while a checkpoint recomputes
+      (``fork_rng``), and Python numbers wrapped into tensors that autograd saves
+      (``att * 0.125``: 8 bytes, kept until that backward, checkpoint or not). Exact on CPU
+      (tests/test_plan_allocator.py); the profile runs under ``torch.profiler``, so not inside
+      another profiler.
+
+    On CUDA ``allocator=True`` is untested: the caching allocator rounds each block up (to
+    512 bytes); the profile's peaks and saved bytes are read from the allocator and include
+    it, but the tensors that pass between layers (outputs, kept inputs, gradients) are counted
+    at their own size, so a prediction can fall short by their rounding; and the cached blocks
+    it holds besides (`torch.cuda.memory_reserved`) are no unit here.
     """
     from .profile import profile_layers
-    return optimal_segments(profile_layers(layers, x, repeats=repeats), budget_bytes)
+    return optimal_segments(profile_layers(layers, x, repeats=repeats, allocator=allocator),
+                            budget_bytes)
 
 
 # ------------------------------------------------------------------------- the exact step model
@@ -364,6 +382,20 @@ class _Step(_Searches):
         self.saves_in = [bool(v) for v in get("saves_input")]
         self.saves_out = [bool(v) for v in get("saves_output")]
         self.saves = [bool(v) for v in get("saves_any")]
+        # allocator unit: a checkpoint of a segment starting at a holds its generator states
+        # from its forward for as long as it keeps its input, and a copy of the current ones
+        # while it recomputes (fork_rng); 0 in tensor bytes, and in a hand-made profile
+        self.state = _ints("checkpoint_state_bytes",
+                           [getattr(p, "checkpoint_state_bytes", 0) or 0 for p in profile])
+        # allocator unit: what autograd keeps for a layer's backward past the saved-tensor
+        # hooks (a wrapped Python number), held under a checkpoint too until that backward
+        self.unhooked = _ints("unhooked_bytes",
+                              [getattr(p, "unhooked_bytes", 0) or 0 for p in profile])
+        self.unhooked_prefix = list(itertools.accumulate(self.unhooked, initial=0))
+        units = {bool(getattr(p, "allocator", False)) for p in profile}
+        if len(units) > 1:
+            raise ValueError("the profile mixes units: measure every layer with the same "
+                             "profile_layers(..., allocator=...)")
         # the loss and the seed gradient `backward()` makes for it (fp32 scalars) stay alive all
         # through backward; the last layer's measurements already include them
         self.head = HEAD_BYTES
@@ -408,9 +440,19 @@ class _Step(_Searches):
         return self._saved_before(a, i) if self.root[i] >= a else True
 
     def kept(self, a: int, b: int) -> int:
-        """Bytes checkpointed segment [a, b) keeps: its input (x is not counted), unless none of
-        its layers saves anything, when the checkpoint has nothing to recompute and lets go."""
-        return self.inb[a] if any(self.saves[a:b]) else 0
+        """Bytes checkpointed segment [a, b) keeps until its backward: what its checkpoint
+        holds, and (allocator unit) what its layers' graph holds past the hooks."""
+        return self._checkpoint(a, b) + self._unhooked(a, b)
+
+    def _checkpoint(self, a: int, b: int) -> int:
+        """What the checkpoint of segment [a, b) holds: its input (x is not counted) and, in
+        the allocator's unit, its generator states, unless none of its layers saves anything,
+        when the checkpoint has nothing to recompute and lets go."""
+        return self.inb[a] + self.state[a] if any(self.saves[a:b]) else 0
+
+    def _unhooked(self, a: int, i: int) -> int:
+        """What the forward's graph keeps for layers a..i-1 past the saved-tensor hooks."""
+        return self.unhooked_prefix[i] - self.unhooked_prefix[a]
 
     def _input_alive(self, a: int, i: int) -> int:
         """Layer i's input while its forward runs, unless already counted (i > a)."""
@@ -424,20 +466,23 @@ class _Step(_Searches):
 
     def segment_peak(self, a: int, b: int) -> int:
         """Peak of checkpointed segment [a, b), its kept input included, earlier ones not."""
-        x = self.inb[a]                  # alive while the segment's forward runs
-        terms = [x + (self.inb[i] if i > a and self.root[i] >= a else 0) + self.free[i]
-                 for i in range(a, b)]
+        x = self.inb[a] + self.state[a]  # alive while the segment's forward runs
+        terms = [x + self._unhooked(a, i) + (self.inb[i] if i > a and self.root[i] >= a else 0)
+                 + self.free[i] for i in range(a, b)]
         saving = [i for i in range(a, b) if self.saves[i]]
         last = saving[-1] if saving else a - 1
         # layers after the last that saves anything run backward before any recompute
-        x_back = self.kept(a, b) + self.head
-        terms += [x_back + self._backward(a, i, True) for i in range(last + 1, b)]
+        x_back = self._checkpoint(a, b) + self.head
+        terms += [x_back + self._unhooked(a, i) + self._backward(a, i, True)
+                  for i in range(last + 1, b)]
         if saving:
-            # the recompute stops right after the last save; the incoming gradient is alive
+            # the recompute stops right after the last save; the incoming gradient is alive,
+            # and (allocator unit) a copy of the generator states the recompute puts back
             kept = 0
             for i in range(a, last + 1):
                 peak = self.rec[i] if i == last else self.fwd_r[i]
-                terms.append(x_back + self.gin[last] + kept
+                terms.append(x_back + self._unhooked(a, last + 1) + self.state[a]
+                             + self.gin[last] + kept
                              + (self._input_alive(a, i) if i > a else 0) + peak)
                 kept += self.own_r[i] + self._ex(a, i)
             for i in range(last, a - 1, -1):
@@ -485,6 +530,8 @@ class _Step(_Searches):
         own_r, fwd_r, bwd_r, held_r = (np.array(v, dtype=i64) for v in
                                        (self.own_r, self.fwd_r, self.bwd_r, self.held_r))
         saves = np.array(self.saves)
+        state = np.array(self.state, dtype=i64)
+        uh = np.array(self.unhooked_prefix, dtype=i64)
         saves_in = np.array(self.saves_in, dtype=bool)
         root = np.array(self.root)
         prev = np.array(self.inb, dtype=i64)                          # layer i's input
@@ -516,6 +563,8 @@ class _Step(_Searches):
             f[0] = free[a]
             bv[0] = bwd_r[a]
             rin[0] = 0
+            past = uh[ks] - uh[a]              # kept past the hooks for layers a..k-1
+            f = f + past
             sv = saves[ks]
             rel = np.arange(len(ks))
             last = np.maximum.accumulate(np.where(sv, rel, -1))
@@ -523,18 +572,20 @@ class _Step(_Searches):
             at = np.maximum(last, 0)
             covered = np.where(has, np.maximum.accumulate(s_ + bv)[at], 0)
             group = np.cumsum(sv)
-            big = int(bv.max()) + 2
-            tail = np.maximum.accumulate(group * big + np.where(sv, -1, bv)) - group * big
+            bt = bv + past
+            big = int(bt.max()) + 2
+            tail = np.maximum.accumulate(group * big + np.where(sv, -1, bt)) - group * big
             vf = s_ + rin + fwd_r[ks]
             before = np.concatenate([[-1], np.maximum.accumulate(vf)[:-1]])
-            r_at = gin[ks] + np.maximum(before, s_ + rin + rec[ks])
+            r_at = state[a] + uh[ks + 1] - uh[a] + gin[ks] \
+                + np.maximum(before, s_ + rin + rec[ks])
             r = np.where(has, r_at[at], 0)
             back = np.maximum(np.maximum(covered, tail), r) + self.head
-            seg[a, a + 1:] = np.maximum(prev[a] + np.maximum.accumulate(f),
-                                        np.where(has, prev[a], 0) + back) \
+            seg[a, a + 1:] = np.maximum(prev[a] + state[a] + np.maximum.accumulate(f),
+                                        np.where(has, prev[a] + state[a], 0) + back) \
                 if self.writer[a] is None else np.inf
-            # a segment none of whose layers saves anything keeps nothing
-            keep[a, a + 1:] = np.where(has, prev[a], 0)
+            # a segment none of whose layers saves anything keeps no input (nor states)
+            keep[a, a + 1:] = np.where(has, prev[a] + state[a], 0) + uh[ks + 1] - uh[a]
         ts = np.arange(n)
         a_f = q[ts] + alive + fwd
         head = np.where(ts < n - 1, self.head, 0)
@@ -610,7 +661,9 @@ def step_peak_bytes(boundaries, profile) -> int:
     followed by `.float().sum().backward()`, parameter gradients allocated beforehand.
 
     `profile` comes from `profile_layers(layers, x)`. Counted are the storages the step
-    allocates (x and the parameters are allocated before it), as `track_memory` counts them.
+    allocates (x and the parameters are allocated before it), as `track_memory` counts them;
+    from `profile_layers(layers, x, allocator=True)`, the allocator's bytes instead (its
+    `allocator_peak_bytes`, see `plan_chain`).
     Every piece is a measurement of one layer alone; what this function adds is which pieces
     are alive together: while segment j is recomputed and run backward, the inputs kept by
     segments 0..j, the gradient arriving at segment j, the activations its layers saved and

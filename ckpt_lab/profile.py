@@ -25,6 +25,11 @@ layer that writes its input in place writes the replica, never the caller's tens
 It also records whether a layer writes its input in place (``nn.ReLU(inplace=True)``): no
 checkpointed segment may start there, since its checkpoint keeps that input to run again.
 
+With ``allocator=True`` the same pieces are read in the allocator's bytes
+(`track_memory(allocator=True)`): an operation's temporaries count in every peak, and two
+pieces are added that only the allocator sees, what autograd keeps past the saved-tensor
+hooks (so a checkpoint cannot drop it) and the generator states a checkpoint keeps.
+
 `planner.step_peak_bytes` puts the pieces together for any segmentation. Nothing of the
 model changes: parameter gradients (`.grad`), BatchNorm running statistics and the random
 number generators are restored afterwards.
@@ -45,7 +50,8 @@ class LayerProfile:
     """What one layer of a chain costs. Bytes count storages allocated by the layer (views once).
 
     The first four fields are the activation model of lessons 3 and 6; the rest feed the
-    exact step model (`planner.step_peak_bytes`) and are None in a hand-made profile.
+    exact step model (`planner.step_peak_bytes`) and are None in a hand-made profile. With
+    ``allocator=True`` every byte figure is the allocator's (see `profile_layers`).
     """
 
     name: str
@@ -74,6 +80,16 @@ class LayerProfile:
     #                                     input, nn.ReLU(inplace=True)): makes no new storage
     writes_input: bool | None = None    # writes its input in place (nn.ReLU(inplace=True)): no
     #                                     checkpointed segment may start at it (planner.py)
+    # the unit: False, tensor bytes as track_memory counts them; True, the allocator's bytes
+    # (profile_layers(allocator=True)): every peak counts operations' temporaries too
+    allocator: bool = False
+    # allocator unit: what a checkpoint of a segment starting here holds that no operation
+    # made, the random generators' states it keeps to replay them (0 in tensor bytes)
+    checkpoint_state_bytes: int = 0
+    # allocator unit: what autograd keeps for its backward past the saved-tensor hooks, so
+    # that a checkpoint cannot drop it (a Python number wrapped into a tensor and saved, as
+    # ``att * 0.125`` saves it); 0 in tensor bytes
+    unhooked_bytes: int = 0
 
 
 def replica(t: torch.Tensor) -> torch.Tensor:
@@ -146,17 +162,21 @@ def _once(held):
     return t
 
 
-def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False):
+def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
+           allocator=False):
     """Forward + backward of one layer alone, as the step runs it; returns the measurements.
 
     `once`: the layer's forward is a checkpoint's recompute, whose saved tensors autograd
-    unpacks once and lets go of sooner than its own saved tensors."""
+    unpacks once and lets go of sooner than its own saved tensors. `allocator`: bytes are the
+    allocator's (`track_memory(allocator=True)`): every peak counts what an operation held
+    only while it ran, and every level what no operation made (a Python number wrapped into
+    a tensor and saved, as ``att * 0.125`` saves it)."""
     box, packs, gone = [], [], []
     xin = _layer_input(x, requires_grad, box)   # allocated before: held elsewhere
     version = xin._version
     store = xin.untyped_storage()
     in_ptr, in_bytes = store.data_ptr(), store.nbytes()
-    with track_memory() as log:
+    with track_memory(allocator=allocator) as log:
         # after the forward only what the layer saved holds its input: when that goes, an
         # input held by nothing else would go too
         weakref.finalize(store, lambda: gone.append(len(log.timeline)))
@@ -173,13 +193,15 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False):
             del xin
             end = None if head else _Tap.apply(y, incoming)   # keeps the graph alive
             loss = y.float().sum() if head else None
-        forward_peak = log.peak_bytes
+        forward_peak, forward_ops = log.peak_bytes, len(log.timeline)
         out_bytes = y.untyped_storage().nbytes()
         out_ptr = y.untyped_storage().data_ptr()
         with_y = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
         del y
         # the loss of the last layer is alive in backward, but no layer saved it
         own = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
+        if allocator:    # an operation that allocates nothing: the allocator's level, y gone
+            (loss if head else end).detach()
         start = len(log.timeline)
         if not backward:
             pass
@@ -188,30 +210,65 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False):
         elif end is not None and end.requires_grad and incoming is not None:
             end.backward(end)
         del loss, end
-        backward_peak = max([own] + [p.live_bytes for p in log.timeline[start:]])
-        # the same backward with the input held only by what the layer saved
-        until = gone[0] if gone else float("inf")
-        held_peak = max([own + in_bytes] + [p.live_bytes + (in_bytes if k < until else 0)
-                                            for k, p in enumerate(log.timeline) if k >= start])
+    # read once the block is over: the allocator's levels are filled in when it exits
+    lv, kept = (_allocated, own + _unseen(log.timeline[start - 1])) if allocator else (_live, own)
+    forward_peak = max([forward_peak] + [lv(p) for p in log.timeline[:forward_ops]])
+    backward_peak = max([kept] + [lv(p) for p in log.timeline[start:]])
+    # the same backward with the input held only by what the layer saved
+    until = gone[0] if gone else float("inf")
+    held_peak = max([kept + in_bytes] + [lv(p) + (in_bytes if k < until else 0)
+                                         for k, p in enumerate(log.timeline) if k >= start])
     saves_input = any(p == in_ptr for p, _ in packs)
     last = packs[-1][1] if packs else 0
     return dict(
-        own=own, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
+        own=kept, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
             p == out_ptr for p, _ in packs),
         saves_input=saves_input, saves_any=bool(packs), view=out_ptr == in_ptr,
         writes_input=writes_input, forward_peak=forward_peak, backward_peak=backward_peak,
         held_peak=held_peak if saves_input else backward_peak,
-        recompute_peak=max([0] + [p.live_bytes for p in log.timeline[:last]]),
+        recompute_peak=max([0] + [lv(p) for p in log.timeline[:last]]),
         grad=box[0] if box else None)
 
 
-def _free_forward_peak(layer, x, requires_grad) -> int:
-    """Peak of a layer's forward under a checkpoint: nothing is saved for backward."""
+def _live(point) -> int:
+    """Tensor bytes alive after an operation."""
+    return point.live_bytes
+
+
+def _allocated(point) -> int:
+    """The allocator's high-water mark during an operation: what it held when the operation
+    returned plus what the operation held only while it ran."""
+    return point.allocator_bytes + point.transient_bytes
+
+
+def _unseen(point) -> int:
+    """What the allocator held after an operation that no tracked storage accounts for."""
+    return point.allocator_bytes - point.live_bytes
+
+
+def _free_forward(layer, x, requires_grad, allocator=False) -> tuple[int, int]:
+    """A layer's forward under a checkpoint, where saved-tensor hooks drop what it saves: its
+    peak, and (allocator unit) what autograd keeps for its backward all the same."""
     x = _layer_input(x, requires_grad)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: h), \
-            track_memory() as log:
-        layer(x)
-    return log.peak_bytes
+            track_memory(allocator=allocator) as log:
+        y = layer(x)
+        if allocator:    # an operation that allocates nothing: the allocator's level, y alive
+            y.detach()
+    if not allocator:
+        return log.peak_bytes, 0
+    # a Python number wrapped into a tensor (``att * 0.125``) is saved without the hooks
+    return log.allocator_peak_bytes, _unseen(log.timeline[-1])
+
+
+def generator_state_bytes(tensors) -> int:
+    """Bytes of the random generators' states a checkpoint keeps to replay them
+    (``preserve_rng_state=True``): the CPU generator's (``torch.get_rng_state()``) and that of
+    each CUDA device among `tensors`, all held in CPU memory and made outside the dispatcher,
+    so `track_memory` never counts them; the allocator does."""
+    devices = sorted({t.get_device() for t in tensors if t.is_cuda})
+    states = [torch.get_rng_state()] + [torch.cuda.get_rng_state(d) for d in devices]
+    return sum(t.untyped_storage().nbytes() for t in states)
 
 
 def _named(layers) -> list:
@@ -281,7 +338,7 @@ def _refuse_failing_step(named, alone, x) -> None:
 
 
 def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
-                   step: bool = True) -> list[LayerProfile]:
+                   step: bool = True, allocator: bool = False) -> list[LayerProfile]:
     """Profile a chain layer by layer: the input of the planner, the formulas and the step model.
 
     `act_bytes[i]` counts the storages that layer i is first to save for backward (its own
@@ -292,6 +349,14 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
     the step treats it: allocated before, with its own `requires_grad`. Parameter `.grad`,
     buffers and random number generators are left as they were. `step=False` measures only
     the activation model's fields (one forward per layer, about a third of the time).
+
+    ``allocator=True`` measures in the allocator's bytes (`track_memory(allocator=True)`):
+    every peak counts what an operation allocated and freed inside itself, every saved-bytes
+    figure what the allocator holds that no operation made (a wrapped Python number autograd
+    saves), and `unhooked_bytes` and `checkpoint_state_bytes` what a checkpoint cannot drop
+    and what it adds (the generator states it keeps), so that `planner.step_peak_bytes`
+    predicts the step's `allocator_peak_bytes`. Every layer then runs under
+    ``torch.profiler``, which refuses to start inside another profiler.
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError("repeats must be an int >= 1")
@@ -309,7 +374,7 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
             inputs.append(h)
             needs.append(req)
             if step:
-                free.append(_free_forward_peak(layer, h, req))
+                free.append(_free_forward(layer, h, req, allocator))
             times = []
             for _ in range(repeats):
                 xin = _layer_input(h, req)
@@ -329,37 +394,42 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
             xi = inputs[i].detach()
             args = (layer, xi, needs[i], incoming, head)
             if not step:
-                alone[i] = _alone(*args, backward=False)
+                alone[i] = _alone(*args, backward=False, allocator=allocator)
                 continue
-            alone[i] = _alone(*args)
+            alone[i] = _alone(*args, allocator=allocator)
             with phase("recompute"):
-                again[i] = _alone(*args, once=True)
+                again[i] = _alone(*args, once=True, allocator=allocator)
             alone[i]["grad_in"] = 0 if incoming is None and not head else (
                 4 if head else incoming.untyped_storage().nbytes())
             incoming = alone[i]["grad"]
             alone[i]["grad"] = again[i]["grad"] = None
     _refuse_failing_step(named, alone, x)
+    params = [p for _, m in named if isinstance(m, torch.nn.Module) for p in m.parameters()]
     out = []
     for i, (name, _) in enumerate(named):
         a = alone[i]
         first_saves_input = a["saves_input"] and i > 0 and not alone[i - 1]["saves_output"]
         extra = alone[i - 1]["out"] if first_saves_input else 0
         if not step:
-            out.append(LayerProfile(name, a["own"] + extra, a["out"], seconds[i]))
+            out.append(LayerProfile(name, a["own"] + extra, a["out"], seconds[i],
+                                    allocator=allocator))
             continue
+        # checkpoint_sequential's checkpoints see every layer's parameters and their input
+        state = generator_state_bytes([inputs[i]] + params) if allocator else 0
         out.append(LayerProfile(
             name=name, act_bytes=a["own"] + extra, out_bytes=a["out"],
             forward_seconds=seconds[i], work_bytes=a["backward_peak"] - a["own"], own_bytes=a["own"],
             saves_input=a["saves_input"], saves_output=a["saves_output"], output_is_view=a["view"],
             writes_input=a["writes_input"],
             saves_any=a["saves_any"], forward_peak_bytes=a["forward_peak"],
-            free_forward_peak_bytes=free[i], backward_peak_bytes=a["backward_peak"],
+            free_forward_peak_bytes=free[i][0], backward_peak_bytes=a["backward_peak"],
             held_backward_peak_bytes=a["held_peak"], grad_in_bytes=a["grad_in"],
             recompute_own_bytes=again[i]["own"],
             recompute_forward_peak_bytes=again[i]["forward_peak"],
             recompute_peak_bytes=again[i]["recompute_peak"],
             recompute_backward_peak_bytes=again[i]["backward_peak"],
-            recompute_held_backward_peak_bytes=again[i]["held_peak"]))
+            recompute_held_backward_peak_bytes=again[i]["held_peak"],
+            allocator=allocator, checkpoint_state_bytes=state, unhooked_bytes=free[i][1]))
     return out
 
 

@@ -1,0 +1,180 @@
+"""The planner in the allocator's bytes: `plan_chain(..., allocator=True)`.
+
+A plan in tensor bytes bounds what `track_memory` counts; the allocator also holds operations'
+temporaries (a CPU convolution's column buffers), the random generators' states every live
+checkpoint keeps (and a copy while it recomputes), and Python numbers wrapped into tensors that
+autograd saves. Measured here with `track_memory(allocator=True)` around the very step the
+planner models: the predicted peak equals the allocator's own peak, byte for byte, for every
+segmentation of a conv chain, the course's MLP, ResNet and GPT; plans never exceed their
+budget; and a plan made in tensor bytes does exceed the same budget in the allocator's bytes.
+"""
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from ckpt_lab import planner, profile_layers, track_memory
+from ckpt_lab.checkpoint import checkpoint, checkpoint_sequential
+from ckpt_lab.models import build_model, get_config
+from ckpt_lab.profile import _Untouched
+
+import chains
+from test_plan_step import all_plans, random_profile
+
+
+def step_peaks(layers, x, boundaries) -> tuple[int, int]:
+    """(tensor bytes, allocator bytes) at the peak of one planned step, model left as it was."""
+    x_grad = x.grad
+    try:
+        with _Untouched(layers, x.device), track_memory(allocator=True) as mem:
+            checkpoint_sequential(layers, x, boundaries=list(boundaries)).float().sum().backward()
+    finally:
+        x.grad = x_grad
+    return mem.peak_bytes, mem.allocator_peak_bytes
+
+
+def course_chain(preset: str):
+    """A course model's chain of layers (dropout as the preset has it) and a batch for it."""
+    cfg = get_config(preset)
+    layers = build_model(cfg).train().layers()
+    torch.manual_seed(0)
+    if preset.startswith("resnet"):
+        return layers, torch.randn(4, cfg.in_channels, cfg.image_size, cfg.image_size)
+    return layers, torch.randint(0, cfg.vocab_size, (4, cfg.block_size))
+
+
+def conv_chain():
+    return chains.shrinking_convnet(), torch.randn(4, 3, 16, 16)
+
+
+CHAINS = {"conv chain": conv_chain, "mlp-tiny": lambda: course_chain("mlp-tiny"),
+          "resnet-tiny": lambda: course_chain("resnet-tiny"),
+          "gpt-tiny": lambda: course_chain("gpt-tiny")}
+
+
+def profiles(layers, x):
+    """Both units, recompute cost counted in layers (timing noise picks no plan)."""
+    return [[dataclasses.replace(p, forward_seconds=1.0)
+             for p in profile_layers(layers, x, repeats=1, allocator=unit)]
+            for unit in (False, True)]
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_every_plan_is_predicted_exactly_in_both_units(name, one_thread):
+    layers, x = CHAINS[name]()
+    tensor, alloc = profiles(layers, x)
+    rows = []
+    for plan in all_plans(len(layers)):
+        measured = step_peaks(layers, x, plan)
+        predicted = (planner.step_peak_bytes(plan, tensor), planner.step_peak_bytes(plan, alloc))
+        rows.append(f"{str(plan):>20} tensor {measured[0]:>8,} allocator {measured[1]:>8,}")
+        assert predicted == measured, (plan, predicted, measured)
+    print(f"\n{name}: every plan, measured = predicted\n" + "\n".join(rows))
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_allocator_plans_fit_their_budget_where_tensor_plans_do_not(name, one_thread):
+    layers, x = CHAINS[name]()
+    tensor, alloc = profiles(layers, x)
+    least, none = planner.minimum_peak(alloc), planner.step_peak_bytes([0], alloc)
+    assert least < none
+    over = []
+    for budget in sorted({least, (2 * least + none) // 3, (least + 2 * none) // 3, none}):
+        plan = planner.optimal_segments(alloc, budget)
+        assert step_peaks(layers, x, plan.boundaries)[1] == plan.peak_bytes <= budget
+        # the same budget read as tensor bytes leaves room the allocator does not have
+        naive = planner.optimal_segments(tensor, budget)
+        naive_peak = step_peaks(layers, x, naive.boundaries)[1]
+        if naive_peak > budget:
+            over.append((budget, naive.boundaries, naive_peak, plan.boundaries, plan.peak_bytes))
+    print(f"\n{name}: (budget, tensor-bytes plan, its allocator peak, allocator plan, its peak)",
+          *over, sep="\n")
+    assert over and over[0][0] == least   # at the tightest budget, always
+
+
+def test_plan_chain_plans_in_either_unit(one_thread):
+    layers, x = conv_chain()
+    least = planner.minimum_peak(profile_layers(layers, x, repeats=1, allocator=True))
+    plan = planner.plan_chain(layers, x, least, repeats=1, allocator=True)
+    assert step_peaks(layers, x, plan.boundaries)[1] == plan.peak_bytes <= least
+    with pytest.raises(planner.BudgetTooSmallError):
+        planner.plan_chain(layers, x, least - 1, repeats=1, allocator=True)
+    # in tensor bytes the same number is roomy: no checkpoint at all, which the allocator exceeds
+    naive = planner.plan_chain(layers, x, least, repeats=1)
+    tensor_peak, allocator_peak = step_peaks(layers, x, naive.boundaries)
+    assert naive.peak_bytes == tensor_peak <= least < allocator_peak
+
+
+def test_what_only_the_allocator_sees_is_measured(one_thread):
+    """The two pieces the tracker cannot see, measured for the course's GPT: the generator
+    state each checkpoint keeps, and the wrapped Python number autograd saves past the hooks
+    (the attention's ``* (1.0 / math.sqrt(d))``, a float64 scalar)."""
+    layers, x = course_chain("gpt-tiny")
+    tensor, alloc = profiles(layers, x)
+    assert all(not p.allocator and p.checkpoint_state_bytes == p.unhooked_bytes == 0
+               for p in tensor)
+    state = torch.get_rng_state().untyped_storage().nbytes()
+    assert all(p.allocator and p.checkpoint_state_bytes == state for p in alloc)
+    scalar = torch.empty((), dtype=torch.float64).element_size()
+    assert [p.unhooked_bytes for p in alloc] == [0] + [scalar] * (len(layers) - 2) + [0]
+    # a checkpointed block, after its forward, holds exactly these beyond tracked storages
+    block = layers[1]
+    h = layers[0](x).detach().requires_grad_()
+    with _Untouched(layers, x.device), track_memory(allocator=True) as mem:
+        out = checkpoint(block, h)
+    assert mem.allocator_current_bytes - mem.current_bytes == state + scalar
+    del out
+    # and a budget in allocator bytes counts both (and the operations' temporaries)
+    assert planner.step_peak_bytes([0, 1, 2, 3], alloc) > planner.step_peak_bytes([0, 1, 2, 3],
+                                                                                   tensor)
+
+
+def with_allocator_pieces(rng, prof):
+    """A random profile given the two allocator-only pieces (generator states, unhooked)."""
+    return [dataclasses.replace(p, allocator=True, checkpoint_state_bytes=rng.choice([0, 7, 13]),
+                                unhooked_bytes=rng.choice([0, 0, 2, 5])) for p in prof]
+
+
+def test_planner_tables_equal_the_readable_model_with_allocator_pieces():
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 9)
+        step = planner._Step(with_allocator_pieces(rng, random_profile(rng, n)))
+        step._tables()
+        for a in range(n - 1):
+            for b in range(a + 1, n):
+                forbidden = step.writer[a] is not None
+                assert step.seg[a, b] == (float("inf") if forbidden else step.segment_peak(a, b))
+                assert step.keep_t[b, a] == step.kept(a, b)
+        assert list(step.last) == [step.last_peak(t) for t in range(n)]
+
+
+def test_allocator_planner_matches_brute_force():
+    rng = random.Random(6)
+    checked = 0
+    for _ in range(80):
+        n = rng.randint(1, 8)
+        prof = with_allocator_pieces(rng, random_profile(rng, n))
+        step = planner._Step(prof)
+        plans = []
+        for p in all_plans(n):
+            if all(step.writer[a] is None for a in p[:-1]):
+                plans.append(planner.evaluate_plan(p, prof))
+        for budget in sorted({q.peak_bytes for q in plans}):
+            best = planner.optimal_segments(prof, budget)
+            fits = [q for q in plans if q.peak_bytes <= budget]
+            cheapest = min(q.recompute_cost for q in fits)
+            assert best.peak_bytes <= budget and best.recompute_cost == cheapest
+            assert best.peak_bytes == min(q.peak_bytes for q in fits
+                                          if q.recompute_cost == cheapest)
+            checked += 1
+    assert checked > 100
+
+
+def test_a_profile_in_two_units_is_refused():
+    rng = random.Random(7)
+    prof = random_profile(rng, 4)
+    mixed = prof[:2] + with_allocator_pieces(rng, prof[2:])
+    with pytest.raises(ValueError, match="mixes units"):
+        planner.step_peak_bytes([0], mixed)
