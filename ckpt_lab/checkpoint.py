@@ -139,7 +139,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .memory import phase
-from .module_state import ModuleState
+from .module_state import ModuleState, saw_saved
 from .selective import SelectiveFunction
 
 IMPLS = ("hooks", "reentrant")
@@ -643,7 +643,7 @@ class _ReentrantCall:
     def pack(self, t):
         h = _Holder()
         self.saved.append(_Saved(h, t))
-        self.guards.state.saw_saved(t)
+        saw_saved(t)
         return h
 
     @staticmethod
@@ -728,10 +728,9 @@ def _checkpoint_reentrant(fn, args, kwargs, guards, forward_context):
     call = _ReentrantCall(fn, spec, [_TENSOR if isinstance(v, torch.Tensor) else v
                                      for v in flat], guards)
     since = torch._C._autograd._get_sequence_nr()
-    with torch.autograd.graph.saved_tensors_hooks(call.pack, call.unpack), \
-            (forward_context or contextlib.nullcontext()):
+    with guards.state.watching(), torch.autograd.graph.saved_tensors_hooks(
+            call.pack, call.unpack), (forward_context or contextlib.nullcontext()):
         out = fn(*args, **kwargs)
-    guards.state.settle()
     flat_out, out_spec = _flatten(out)
     outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
     params, before = _graph_leaves(outs, since, inputs)
@@ -894,7 +893,7 @@ class _Frame:
         digest = _fingerprint(t) if self.guards.fingerprint else None
         leaf = t if isinstance(t, nn.Parameter) and id(t) not in self.input_ids else None
         self.saved.append(_Saved(h, t, digest, leaf))
-        self.guards.state.saw_saved(t)
+        saw_saved(t)
         return h
 
     def unpack(self, h: _Holder) -> torch.Tensor:
@@ -1034,12 +1033,11 @@ def _checkpoint_hooks(fn, args, kwargs, inputs, guards, forward_context, early_s
     frame = _Frame(fn, args, kwargs, guards, early_stop)
     since = torch._C._autograd._get_sequence_nr()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack), \
-                (forward_context or contextlib.nullcontext()):
+        with guards.state.watching(), torch.autograd.graph.saved_tensors_hooks(
+                frame.pack, frame.unpack), (forward_context or contextlib.nullcontext()):
             out = fn(*args, **kwargs)
     finally:
         frame.running = False
-    guards.state.settle()
     outs = [o for o in _flatten(out)[0] if isinstance(o, torch.Tensor)]
     guards.versions.add(_graph_leaves(outs, since, inputs)[0])
     return out

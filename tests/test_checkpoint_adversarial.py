@@ -129,6 +129,35 @@ def test_parameters_are_found_through_the_graph_however_the_function_holds_them(
         loss.backward()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_batch_norm_counts_once_under_nested_checkpoints(impl):
+    """checkpoint_recursive nests checkpoints: the outer recompute runs the inner forwards
+    again, which must update copies of the statistics, not the module's."""
+    from ckpt_lab import checkpoint_recursive
+
+    def chain():
+        torch.manual_seed(0)
+        return [nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Tanh()) for _ in range(6)]
+
+    plain, ours = chain(), chain()
+    x = torch.randn(16, 8)
+
+    def grads(layers, run):
+        leaf = x.detach().requires_grad_()
+        run(layers, leaf).square().sum().backward()
+        return [leaf.grad] + [p.grad for m in layers for p in m.parameters()]
+
+    def sequential(layers, t):
+        for m in layers:
+            t = m(t)
+        return t
+
+    ref = grads(plain, sequential)
+    got = grads(ours, lambda layers, t: checkpoint_recursive(layers, t, impl=impl))
+    assert same(ref, got)
+    assert same([b for m in plain for b in m.buffers()], [b for m in ours for b in m.buffers()])
+
+
 def test_reentrant_refuses_a_captured_tensor_with_a_history():
     """A non-leaf the function captures (not an argument) cannot be given a gradient by a
     reentrant node: refused, where torch's reentrant checkpoint drops its gradient."""
