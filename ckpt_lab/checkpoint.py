@@ -62,14 +62,16 @@ design's outcome), is layered on top (section "the checks"), then assembled into
   ``CheckpointError`` naming the tensor and the op that made it. It catches what nothing above
   sees: a generator the function finds by itself, another thread drawing from the global one,
   state of a module the search above misses, ``p.data`` edits, nondeterministic kernels. Its
-  cost, measured with ``benchmarks/bench_checkpoint.py`` (16 blocks Linear(512)-GELU-Dropout,
-  batch 256, 4 segments, CPU, one thread, median of 40 paired repeats): +10.6% step time for
-  ``impl="hooks"`` (it reads every saved tensor twice more), +2.2% for ``impl="reentrant"``
-  (outputs only); on the quick size (width 128, batch 64) +21% and +13%. That is more than the
-  10% by which the benchmark allows ckpt_lab to trail ``torch.utils.checkpoint``, so it is off
-  by default: ``"default"`` (PyTorch's default value) compares shapes, dtypes and devices, as
-  PyTorch does, and ``"none"`` means the same here (the metadata check costs nothing and stays
-  on). Every case of the catalogue is exact or refused without it.
+  cost, measured on ``benchmarks/bench_checkpoint.py``'s model (16 blocks
+  Linear(512)-GELU-Dropout, batch 256, 4 segments; a 2-core CPU shared with other jobs, one
+  thread, median of 30 paired ratios of process CPU time): +10.2% step time for
+  ``impl="hooks"`` (it reads every saved tensor twice more), +1.6% for ``impl="reentrant"``
+  (outputs only); on the quick size (width 128, batch 64) +23% and +11%. (Wall clock, 40
+  repeats on a quieter moment: +10.6% and +2.2%.) That is about the 10% by which the
+  benchmark allows ckpt_lab to trail ``torch.utils.checkpoint``, for one check among many,
+  so it is off by default: ``"default"`` (PyTorch's default value) compares shapes, dtypes and
+  devices, as PyTorch does, and ``"none"`` means the same here (the metadata check costs
+  nothing and stays on). Every case of the catalogue is exact or refused without it.
 * early stop (hooks): the recompute stops as soon as it has produced the last tensor backward
   needs (``early_stop=False`` runs the whole function again; lesson 4 measures the difference),
   at an op boundary: an op that writes into an argument it saved (``nn.RReLU``'s noise buffer,
@@ -79,8 +81,10 @@ design's outcome), is layered on top (section "the checks"), then assembled into
   O(log L)); a ``torch.autograd.grad`` inside the function works in forward and in recompute.
 * ``torch.compile``: ``checkpoint`` is excluded from Dynamo (``torch._disable_dynamo``, as
   PyTorch's own is), so a compiled function that calls it breaks its graph there and runs the
-  checkpointed region eagerly, with the gradients above; the code around it is compiled.
-  (Without this Dynamo traced into the checks and backward raised a bare ``StopIteration``.)
+  checkpointed region eagerly, with the gradients above; the code around it is compiled (a
+  call inside a loop makes Dynamo run the whole enclosing function eagerly and compile only
+  the functions it calls outside the checkpoints: Dynamo cannot resume inside a loop).
+  Without this Dynamo traced into the checks and backward raised a bare ``StopIteration``.
   ``benchmarks/bench_compile.py`` measures what the eager region costs against PyTorch's
   checkpoint, which Dynamo compiles as a higher-order op.
 
@@ -586,7 +590,7 @@ class _Guards:
     versions: _Versions
     state: ModuleState
     recompute_context: object        # context_fn's second context manager (or None)
-    fingerprint: bool                # determinism_check="default"
+    fingerprint: bool                # determinism_check="fingerprint"
 
     def check(self, saved):
         """Refuse if anything the recompute reads changed since the forward (see _Versions)."""

@@ -91,7 +91,9 @@ def test_reentrant_trap_with_frozen_inputs():
     for ok in ("reentrant + enable_input_require_grads", "non-reentrant (use_reentrant=False)",
                "checkpoint_modules, impl='hooks'"):
         assert results[ok].same_as_plain and results[ok].adapters_with_grad == 16, ok
-    assert "requires_grad=True" in results["checkpoint_modules, impl='reentrant'"].error
+    # ckpt_lab's reentrant node takes the parameters its forward read as inputs: no trap
+    ours = results["checkpoint_modules, impl='reentrant'"]
+    assert ours.error is None and ours.same_as_plain and ours.adapters_with_grad == 16
     # making the embedding output require grad costs its gradient: B x T x hidden floats
     extra = (results["reentrant + enable_input_require_grads"].peak_bytes
              - results["non-reentrant (use_reentrant=False)"].peak_bytes)
