@@ -15,7 +15,7 @@ One small GPT from ``ckpt_lab.models``, every block checkpointed, under ``torch.
 For each: the first step's time (compiling included), the median step time over paired repeats
 in a rotating order after warm-up steps (a graph break can recompile once), the peak of a step
 from the allocator's
-events (``ckpt_lab.compiled.profiled_memory``: compiled code runs eagerly under
+events (``ckpt_lab.allocator.profiled_memory``: compiled code runs eagerly under
 ``track_memory``'s dispatch mode, so that tracker cannot measure it), and how many graphs
 Dynamo made. On CPU the backend is ``aot_eager_decomp_partition`` (the same decompositions and
 min-cut partitioner as inductor, run eagerly: inductor's C++ compile takes ~45 s a variant on
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ckpt_lab.compiled import profiled_memory
+from ckpt_lab.allocator import profiled_memory
 from ckpt_lab.models import build_model, get_config
 
 OUT = Path(__file__).parent / "results" / "compile.json"

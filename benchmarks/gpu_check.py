@@ -2,10 +2,13 @@
 
 Four measurements, each at the GPU sizes the lessons pick by themselves (`course.sizes`):
 
-* tracker: `track_memory`'s exact peak against the CUDA caching allocator's own
-  `torch.cuda.max_memory_allocated`, on the MLP, GPT (per policy) and ResNet presets. The
-  allocator rounds every block up (512 B minimum, 2 MiB segments aside) and keeps cuBLAS/cuDNN
-  workspaces that no tensor owns, so it reads a little higher; the ratio says how much.
+* tracker: per workload (the MLP, GPT per policy and ResNet presets), `track_memory`'s exact
+  peak; ``track_memory(allocator=True)``'s `allocator_peak_bytes` (the allocator's own events,
+  replayed) and the ops that held the most memory only while they ran; the CUDA caching
+  allocator's `torch.cuda.max_memory_allocated` over the same step; and `memory_reserved`,
+  what it holds from the driver (nvidia-smi shows that plus the CUDA context). The allocator
+  rounds every block up (512 B minimum) and serves op temporaries and cuBLAS/cuDNN workspaces
+  that no tensor owns, so it reads higher than the tracker; the table says by how much and why.
 * offload: `offload_activations` with pinned host memory on a side stream: device peak with and
   without it, bytes moved, measured copy time and bandwidth, gradients against a plain run.
 * fp16: `train(precision="fp16")` with its GradScaler beside fp32 and bf16: losses finite, the
@@ -13,6 +16,14 @@ Four measurements, each at the GPU sizes the lessons pick by themselves (`course
 * policies: `benchmarks.bench_train` on the GPT at GPU size: step time, FLOPs and peak of each
   checkpoint policy (none, every block, every 2nd block, selective, PyTorch's selective when
   the benchmark has it).
+* throughput: `benchmarks.bench_throughput` at GPU size: tokens per second at equal global
+  batch, checkpointing a larger micro-batch against accumulation, for two memory budgets.
+* fragmentation (CUDA only): a training loop whose sequence length changes every step, once
+  with the caching allocator's defaults and once with
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (each in its own process: the setting is
+  read when CUDA initialises), first on the whole device, then capped a little above the
+  step's peak: allocated and reserved bytes per step, the inactive split bytes (reserved
+  memory cut into pieces too small to reuse), allocation retries and out-of-memory errors.
 
 `scripts/gpu_check.sh` runs this, then every CUDA test and every lesson at GPU sizes, and folds
 their pass/fail counts into the same JSON. On a machine without CUDA, `--quick` runs the same
@@ -22,8 +33,10 @@ Run: python -m benchmarks.gpu_check [--quick] [--out PATH]
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,6 +66,25 @@ def _batch(cfg, batch: int, device: torch.device):
     return x.to(device), y.to(device)
 
 
+def _cuda_statistics(device: torch.device, fn) -> dict:
+    """The CUDA allocator's statistics over ``fn()`` from an emptied cache: the rise of
+    max_memory_allocated above its level before, and reserved memory (None on CPU)."""
+    if device.type != "cuda":
+        fn()
+        return {"max_memory_allocated_bytes": None, "allocated_before_bytes": None,
+                "max_memory_reserved_bytes": None, "memory_reserved_bytes": None}
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return {"max_memory_allocated_bytes": torch.cuda.max_memory_allocated() - start,
+            "allocated_before_bytes": start,
+            "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
+            "memory_reserved_bytes": torch.cuda.memory_reserved()}
+
+
 def _allocator_peak(device: torch.device, fn) -> int | None:
     """Bytes the CUDA allocator's max rose above its level before `fn()`; None on CPU."""
     if device.type != "cuda":
@@ -71,7 +103,8 @@ def _step(model, x, y):
 
 
 def tracker_vs_allocator(device: torch.device, quick: bool) -> list[dict]:
-    """track_memory's peak beside the allocator's, one forward + backward per workload."""
+    """track_memory's peak beside the allocator's, one forward + backward per workload: the
+    allocator's statistics, then the tracker alone, then the tracker with allocator=True."""
     suffix = "tiny" if quick else ("gpu" if device.type == "cuda" else "cpu")
     workloads = [(f"mlp-{suffix}", "none", 8), (f"gpt-{suffix}", "none", 8),
                  (f"gpt-{suffix}", "every", 8), (f"gpt-{suffix}", "selective", 8),
@@ -84,18 +117,42 @@ def tracker_vs_allocator(device: torch.device, quick: bool) -> list[dict]:
         for p in model.parameters():         # parameter grads are state, allocated up front
             p.grad = torch.zeros_like(p)
         _step(model, x, y)                    # warm-up: cuBLAS handles, workspaces
-        allocator = _allocator_peak(device, lambda: _step(model, x, y))
+        stats = _cuda_statistics(device, lambda: _step(model, x, y))
         with track_memory() as mem:
             _step(model, x, y)
+        with track_memory(allocator=True) as seen:
+            _step(model, x, y)
+        here = f"cuda:{torch.cuda.current_device()}" if device.type == "cuda" else "cpu"
+        allocator = seen.allocator_peak_bytes_by_device.get(here, 0)
+        most = stats["max_memory_allocated_bytes"]
         rows.append({
             "workload": f"{preset} {policy}", "batch": batch,
             "tracked_peak_bytes": mem.peak_bytes,
-            "allocator_peak_bytes": allocator,
+            "tracked_peak_bytes_allocator_mode": seen.peak_bytes,   # must be the same
+            "allocator_peak_bytes": allocator,                       # on this device
+            "allocator_peak_bytes_all_devices": seen.allocator_peak_bytes,
+            "tracked_with_transients_bytes": seen.peak_with_transients(),
+            **stats,
             "allocator_peak_inside_tracker_bytes": mem.cuda_peak_bytes,
-            "allocator_over_tracked": None if allocator is None else allocator / mem.peak_bytes,
+            "allocator_over_tracked": allocator / mem.peak_bytes,
+            "max_memory_allocated_over_allocator_peak": most / allocator
+            if most is not None and allocator else None,
+            "top_transients": [{"op": p.op, "phase": p.phase, "step": p.step,
+                                "bytes": p.transient_bytes} for p in seen.transients(3)],
+            "at_allocator_peak": _split(seen.allocator_peak_point()),
+            "allocator_end_bytes": seen.allocator_current_bytes,   # vs the tracker's end:
+            "tracked_end_bytes": seen.current_bytes,               # what the step kept unseen
         })
         del model
     return rows
+
+
+def _split(point) -> dict:
+    """The allocator's peak, split: tracked storages, what the op held only while it ran,
+    and what the allocator held beyond both (rounding, workspaces, memory made outside ops)."""
+    return {"op": point.op, "phase": point.phase, "step": point.step,
+            "tracked_bytes": point.live_bytes, "transient_bytes": point.transient_bytes,
+            "untracked_bytes": point.allocator_bytes - point.live_bytes}
 
 
 def offload_check(device: torch.device, quick: bool) -> dict:
@@ -203,6 +260,111 @@ def policies_check(quick: bool, out_dir: Path) -> dict:
     return bench_train.main(out_path=out_dir / "train.json", quick=quick)
 
 
+def throughput_check(quick: bool, out_dir: Path) -> dict:
+    """`benchmarks.bench_throughput` at the device's size, written beside this JSON."""
+    from benchmarks import bench_throughput
+    return bench_throughput.main(out_path=out_dir / "throughput.json", quick=quick)
+
+
+# ------------------------------------------------------------------------- fragmentation
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ROOT = Path(__file__).resolve().parent.parent
+ALLOCATOR_COUNTERS = {
+    "allocated_peak_bytes": "allocated_bytes.all.peak",
+    "reserved_peak_bytes": "reserved_bytes.all.peak",
+    "inactive_split_peak_bytes": "inactive_split_bytes.all.peak",
+    "inactive_split_bytes": "inactive_split_bytes.all.current",
+    "segments_peak": "segment.all.peak",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+    "num_device_alloc": "num_device_alloc",
+    "num_device_free": "num_device_free",
+}
+
+
+def allocator_stats(stats: dict) -> dict:
+    """The counters of ``torch.cuda.memory_stats()`` that show fragmentation, renamed; a
+    counter this PyTorch does not report is None."""
+    return {name: stats.get(key) for name, key in ALLOCATOR_COUNTERS.items()}
+
+
+def _fragmentation_phase(model, optimizer, x, y, lengths, cap_bytes=None) -> dict:
+    """Train on `lengths` (one sequence length per step), reading the allocator each step."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    if cap_bytes is not None:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(cap_bytes / total, 1.0))
+    steps, error = [], None
+    for T in lengths:
+        try:
+            model(x[:, :T], y[:, :T]).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        except torch.OutOfMemoryError as e:
+            error = str(e).splitlines()[0]
+            optimizer.zero_grad(set_to_none=True)
+            break
+        torch.cuda.synchronize()
+        steps.append({"seq": T, "allocated_bytes": torch.cuda.memory_allocated(),
+                      "reserved_bytes": torch.cuda.memory_reserved()})
+    out = {"cap_bytes": cap_bytes, "steps": steps, "completed": len(steps) == len(lengths),
+           "oom": error, "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+           "max_reserved_bytes": torch.cuda.max_memory_reserved(),
+           **allocator_stats(torch.cuda.memory_stats())}
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    return out
+
+
+def fragmentation_child(quick: bool) -> dict:
+    """What one process measures (its allocator setting came with its environment)."""
+    out = {"alloc_conf": os.environ.get(ALLOC_CONF), "cuda": torch.cuda.is_available()}
+    if not torch.cuda.is_available():
+        return {**out, "skipped": "no CUDA device: the caching allocator is CUDA's"}
+    preset = "gpt-tiny" if quick else "gpt-gpu"
+    cfg = get_config(preset, dropout=0.0)
+    full = cfg.block_size
+    lengths = [full // 4, full, full * 3 // 8, full * 7 // 8, full // 2, full * 3 // 4,
+               full * 5 // 8, full]
+    torch.manual_seed(0)
+    model = build_model(cfg, "none").cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = TextBatches(load_corpus(), 8, full, seed=0).get(0)
+    x, y = x.cuda(), y.cuda()
+    start = time.perf_counter()
+    whole = _fragmentation_phase(model, optimizer, x, y, lengths)
+    cap = int(1.10 * whole["max_allocated_bytes"])
+    capped = _fragmentation_phase(model, optimizer, x, y, lengths, cap_bytes=cap)
+    return {**out, "preset": preset, "batch": 8, "lengths": lengths, "whole_device": whole,
+            "capped": capped, "seconds": time.perf_counter() - start}
+
+
+def run_child(alloc_conf: str | None, quick: bool, timeout: float = 180) -> dict:
+    """`fragmentation_child` in a fresh process whose environment sets (or unsets)
+    PYTORCH_CUDA_ALLOC_CONF, so the allocator reads it when CUDA initialises."""
+    env = {k: v for k, v in os.environ.items() if k != ALLOC_CONF}
+    if alloc_conf is not None:
+        env[ALLOC_CONF] = alloc_conf
+    args = [sys.executable, "-m", "benchmarks.gpu_check", "--fragmentation-child"]
+    run = subprocess.run(args + (["--quick"] if quick else []), cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    if run.returncode != 0:
+        return {"error": f"exit {run.returncode}: {run.stderr.strip()[-800:]}"}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def fragmentation_check(device: torch.device, quick: bool) -> dict:
+    """Default allocator against expandable segments, each in its own process (CUDA only)."""
+    if device.type != "cuda":
+        return {"skipped": "CUDA only: torch.cuda.memory_reserved() and memory_stats() describe "
+                           "the CUDA caching allocator; a CPU has no caching allocator in "
+                           "PyTorch (see docs/recipes.md for what to read there instead)"}
+    torch.cuda.empty_cache()      # this process's cache is not the children's to compete with
+    return {"default": run_child(None, quick),
+            "expandable_segments": run_child("expandable_segments:True", quick)}
+
+
 def main(out_path: Path | None = None, quick: bool = False) -> dict:
     """Run every measurement, write one JSON, return it."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -217,13 +379,17 @@ def main(out_path: Path | None = None, quick: bool = False) -> dict:
     for name, fn in [("tracker_vs_allocator", lambda: tracker_vs_allocator(device, quick)),
                      ("offload", lambda: offload_check(device, quick)),
                      ("precision", lambda: precision_check(device, quick)),
-                     ("policies", lambda: policies_check(quick, out.parent))]:
+                     ("policies", lambda: policies_check(quick, out.parent)),
+                     ("throughput", lambda: throughput_check(quick, out.parent)),
+                     ("fragmentation", lambda: fragmentation_check(device, quick))]:
         start = time.perf_counter()
         try:
             result[name] = fn()
         except Exception as e:                  # one failing part must not hide the others
             result[name] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
+        seconds = time.perf_counter() - start
+        result.setdefault("section_seconds", {})[name] = round(seconds, 1)
+        print(f"{name}: {seconds:.1f} s", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {out}")
@@ -232,5 +398,8 @@ def main(out_path: Path | None = None, quick: bool = False) -> dict:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    path = Path(args[args.index("--out") + 1]) if "--out" in args else None
-    main(path, quick="--quick" in args)
+    if "--fragmentation-child" in args:
+        print(json.dumps(fragmentation_child(quick="--quick" in args)))
+    else:
+        path = Path(args[args.index("--out") + 1]) if "--out" in args else None
+        main(path, quick="--quick" in args)

@@ -1,24 +1,38 @@
 """ckpt-lab: activation checkpointing, built from scratch and measured.
 
-The names lessons and outside users call live here; each comes from a small module named for
-what it does: `memory` measures, `checkpoint` (with `selective`, `recursive`, `offload`)
-changes what autograd keeps, `models`/`data`/`train` give something real to train,
-`formulas` predicts, `planner` decides. Modules such as `ckpt_lab.planner` and
-`ckpt_lab.formulas` are meant to be used by their full name. `ckpt_lab.checkpoint` is the
+Two rooms, one direction (docs/architecture.md draws them):
+
+* ``ckpt_lab`` (this package) is the library an engineer imports into their own training code.
+  Foundations: `memory` and `allocator` measure (tensor bytes; what the allocator saw),
+  `checkpoint` (with `selective`, `recursive`, `offload`) changes what autograd keeps.
+  Predictions and something to train: `formulas`, `parallel_formulas`, `profile`, `models`,
+  `data`, `timing`; `losses` (cross-entropy in checkpointed chunks). Decide and apply:
+  `planner`, `modules` (with `module_step`), `capacity`, `fallback`, `train`, `throughput`,
+  `distributed`, `snapshot`.
+* ``ckpt_lab.lessons`` is the course's scaffolding: what the notebooks lay out (course links and
+  sizes, widgets, plots, exercises, lesson demos). It imports the library; the library never
+  imports it. Import it only to follow the course.
+
+The names lessons and outside users call are re-exported here. ``ckpt_lab.checkpoint`` is the
 module that builds checkpointing from scratch, and calling it calls its function:
-`ckpt_lab.checkpoint(fn, x)` is `ckpt_lab.checkpoint.checkpoint(fn, x)`.
+``ckpt_lab.checkpoint(fn, x)`` is ``ckpt_lab.checkpoint.checkpoint(fn, x)``.
 """
-from .memory import (LayerProfile, MemoryLog, SimulatedOutOfMemoryError, phase, profile_layers,
-                     track_memory)
-from . import checkpoint  # the module; calling it calls checkpoint.checkpoint
-from .checkpoint import CheckpointError, checkpoint_sequential
-from .selective import Decision
-from .recursive import checkpoint_recursive
-from .modules import CheckpointedModules, checkpoint_modules
-from .offload import OffloadStats, offload_activations
-from .models import CheckpointPolicy, build_model, get_config
-from .data import TextBatches, load_corpus
-from .train import load_run_state, save_run_state, train
+from ._requirements import check_torch
+
+check_torch()
+
+from .memory import MemoryLog, SimulatedOutOfMemoryError, kept_after_forward, phase, track_memory  # noqa: E402
+from .profile import LayerProfile, profile_layers  # noqa: E402
+from . import checkpoint  # noqa: E402  (the module; calling it calls checkpoint.checkpoint)
+from .checkpoint import CheckpointError, checkpoint_sequential  # noqa: E402
+from .selective import Decision  # noqa: E402
+from .recursive import checkpoint_recursive  # noqa: E402
+from .modules import CheckpointedModules, checkpoint_modules  # noqa: E402
+from .offload import OffloadStats, offload_activations  # noqa: E402
+from .models import CheckpointPolicy, build_model, get_config  # noqa: E402
+from .data import TextBatches, load_corpus  # noqa: E402
+from .train import load_run_state, save_run_state, train  # noqa: E402
+from .losses import chunked_cross_entropy  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -37,7 +51,9 @@ __all__ = [
     "checkpoint_modules",
     "checkpoint_recursive",
     "checkpoint_sequential",
+    "chunked_cross_entropy",
     "get_config",
+    "kept_after_forward",
     "load_corpus",
     "load_run_state",
     "offload_activations",

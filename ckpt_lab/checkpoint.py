@@ -1188,13 +1188,38 @@ def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks
     starts = segment_starts(len(layers), segments, boundaries)
     ends = starts[1:] + [len(layers)]
     for k, (a, b) in enumerate(zip(starts, ends)):
-        run = run_in_order(layers[a:b])
         last = k == len(starts) - 1
-        x = run(x) if last else checkpoint(run, x, impl=impl, policy=policy,
-                                           preserve_rng_state=preserve_rng_state,
-                                           early_stop=early_stop,
-                                           determinism_check=determinism_check)
+        if last:
+            x = run_in_order(layers[a:b])(x)
+            continue
+        run = _keeping_input(layers, a, b) if torch.is_grad_enabled() \
+            and isinstance(x, torch.Tensor) else run_in_order(layers[a:b])
+        x = checkpoint(run, x, impl=impl, policy=policy, preserve_rng_state=preserve_rng_state,
+                       early_stop=early_stop, determinism_check=determinism_check)
     return x
+
+
+def _keeping_input(layers, a: int, b: int):
+    """``run_in_order(layers[a:b])`` that refuses, in the forward, a layer writing the segment's
+    input in place (``nn.ReLU(inplace=True)`` first, or after layers returning views of it):
+    the checkpoint keeps that input to run the segment again, which would start from the
+    overwritten values (the checkpoint's own check would say so only in backward)."""
+    def run(x):
+        version, h = x._version, x
+        for j in range(a, b):
+            h = layers[j](h)
+            if x._version != version:
+                fix = (f"Start that segment at layer {j + 1} instead" if a > 0 else
+                       "The first segment keeps the chain's own input, so no plan but "
+                       "boundaries=[0] (no checkpoint) can run this chain as it is")
+                raise ValueError(
+                    f"checkpoint_sequential: layer {j} ({layers[j]!r}) writes the input of the "
+                    f"checkpointed segment starting at layer {a} in place; the checkpoint keeps "
+                    "that input to run the segment again in backward, and would run it on the "
+                    f"overwritten values. {fix}, or make the layer out of place "
+                    "(inplace=False). planner.plan_chain never starts a segment there.")
+        return h
+    return run
 
 
 # ``ckpt_lab.checkpoint`` is this module (``import ckpt_lab.checkpoint`` gives it), and calling

@@ -725,3 +725,100 @@ def chain_peak_bytes(layers: list[LayerBytes], segments, tokens: int, vocab: int
         else:
             before += saved(a, b) + run_input(a)
     return max(peaks)
+
+
+# ------------------------------------------------------------ the loss at large vocabularies
+def chunk_rows(rows: int, chunks: int) -> list[int]:
+    """Rows per chunk as `losses.chunked_cross_entropy` splits them: as equal as can be, the
+    first ``rows % chunks`` chunks one row larger."""
+    _check_int("rows", rows, 1)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= rows:
+        raise ValueError(f"chunks must be an int from 1 to the number of rows ({rows}), "
+                         f"got {chunks!r}")
+    base, extra = divmod(rows, chunks)
+    return [base + 1] * extra + [base] * (chunks - extra)
+
+
+def cross_entropy_moments(rows: int, vocab: int, dim: int,
+                          dtype_bytes: int = 4) -> dict[str, int]:
+    """Bytes alive at each candidate peak of ``F.cross_entropy(hidden @ weight.T, targets)``,
+    forward and backward, counted from its input: hidden (N x d) and weight (V x d) exist
+    before, the gradients of both are made.
+
+    * forward: the N x V logits and log_softmax's output (the logits are then freed);
+    * log_softmax backward: its output, the incoming gradient (nll_loss's, N x V) and the
+      logits' gradient it writes: 3 N x V;
+    * matmul backward: the logits' gradient, the weight's gradient (V x d) and hidden's (N x d).
+    Scalars (the loss, its gradient, nll_loss's total weight: 4 bytes each) are left out.
+    """
+    for name, v in (("rows", rows), ("vocab", vocab), ("dim", dim)):
+        _check_int(name, v, 1)
+    NV, Vd, Nd = (rows * vocab * dtype_bytes, vocab * dim * dtype_bytes,
+                  rows * dim * dtype_bytes)
+    return {"forward: logits and log-softmax": 2 * NV,
+            "log_softmax backward": 3 * NV,
+            "matmul backward": NV + Vd + Nd}
+
+
+def cross_entropy_peak_bytes(rows: int, vocab: int, dim: int, dtype_bytes: int = 4) -> int:
+    """Peak bytes of the unchunked loss: max(3 N V, N V + V d + N d) elements (`cross_entropy_moments`)."""
+    return max(cross_entropy_moments(rows, vocab, dim, dtype_bytes).values())
+
+
+def chunked_cross_entropy_moments(rows: int, vocab: int, dim: int, chunks: int,
+                                  dtype_bytes: int = 4, tracked: bool = False) -> dict[str, int]:
+    """Bytes alive at each candidate peak of `losses.chunked_cross_entropy`, counted as in
+    `cross_entropy_moments` (hidden and weight given, both gradients made, scalars left out).
+
+    Chunk j has s_j rows (`chunk_rows`); backward runs the chunks last to first, and before
+    chunk j it has finished the rows after it (done_j) and holds the weight's gradient (V x d)
+    summed so far (none before the first). Candidates, the largest over chunks of each:
+
+    * forward: one chunk's logits and log-softmax, 2 s V (then the checkpoint drops both);
+    * log_softmax backward of chunk j: done_j d + [V d] + 3 s_j V: the recomputed
+      log-softmax, nll_loss's gradient and the logits' gradient;
+    * matmul backward of chunk j: done_j d + [V d] + s_j V + V d + s_j d: the logits'
+      gradient, this chunk's weight gradient beside the running sum, its row gradient;
+    * weight-gradient accumulation: autograd sums the chunks' V x d gradients in the weight's
+      input buffer. The first sum is out of place (each chunk's gradient arrives as a view,
+      through ``weight.t()``'s backward, which the engine does not add into), so old, new and
+      sum coexist: 3 V d + (done + s) d; the sum is a fresh tensor, and later chunks are added
+      into it in place. ``tracked=True`` gives what `track_memory` measures: under any
+      ``TorchDispatchMode`` the engine never adds in place (it treats every tensor as a
+      subclass while a mode is active), so every chunk after the first pays 3 V d;
+    * the end: hidden's gradient gathered from the chunks' row gradients (``split``'s
+      backward concatenates them): 2 N d + V d.
+    """
+    for name, v in (("rows", rows), ("vocab", vocab), ("dim", dim)):
+        _check_int(name, v, 1)
+    sizes = chunk_rows(rows, chunks)
+    V, d, b = vocab, dim, dtype_bytes
+    Vd = V * d * b
+    out = {"forward: one chunk's logits and log-softmax": 2 * max(sizes) * V * b,
+           "log_softmax backward of a chunk": 0, "matmul backward of a chunk": 0}
+    done = 0
+    for j, s in enumerate(reversed(sizes)):
+        held = done * d * b + (Vd if j else 0)
+        out["log_softmax backward of a chunk"] = max(out["log_softmax backward of a chunk"],
+                                                     held + 3 * s * V * b)
+        out["matmul backward of a chunk"] = max(out["matmul backward of a chunk"],
+                                                held + s * V * b + Vd + s * d * b)
+        if j == 1 or (j > 1 and tracked):
+            key = "weight-gradient accumulation (out of place)"
+            out[key] = max(out.get(key, 0), 3 * Vd + (done + s) * d * b)
+        done += s
+    out["end: hidden's gradient gathered"] = 2 * rows * d * b + Vd
+    return out
+
+
+def chunked_cross_entropy_peak_bytes(rows: int, vocab: int, dim: int, chunks: int,
+                                     dtype_bytes: int = 4, tracked: bool = False) -> int:
+    """Peak bytes of `losses.chunked_cross_entropy`: the largest `chunked_cross_entropy_moments`.
+
+    For chunks of c rows it is about max(3 c V + V d + N d, 3 V d, 2 N d + V d) elements
+    where the unchunked loss needs 3 N V: the logits' share falls with the chunk count until
+    the weight's gradient (summed over chunks) and hidden's gradient, which no chunking
+    removes, dominate.
+    """
+    return max(chunked_cross_entropy_moments(rows, vocab, dim, chunks, dtype_bytes,
+                                             tracked).values())

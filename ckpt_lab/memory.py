@@ -6,14 +6,18 @@ holds a weak reference to it, so the moment autograd or Python drops the last re
 bytes leave the books. Storages that grow under ``out=`` ops or ``resize_`` are re-read, and a
 storage resized to 0 bytes (``t.untyped_storage().resize_(0)``, as FSDP does) leaves them.
 The numbers are therefore a property of the program, not of an allocator: identical on a
-laptop, on Binder and on a GPU. On CUDA the allocator's own peak is recorded beside them.
+laptop, on Binder and on a GPU. On CUDA the allocator's own peak is recorded beside them, and
+``track_memory(allocator=True)`` also records, on any device, what the allocator itself saw
+(its peak, and per operation the bytes the operation held only while it ran), read from the
+profiler's memory events (`ckpt_lab.allocator`).
 
-What it cannot see (the allocator's own events can: ``tests/test_memory_vs_profiler.py``
-compares the two workload by workload): memory an op allocates and frees before returning
-(workspaces, e.g. convolution's), tensors made without passing through the dispatcher (the
-random generator's state that ``torch.get_rng_state()`` returns, which every checkpoint
-captures; a Python number wrapped into a tensor for ``x * 0.5``), allocator rounding and
-caching (CUDA), and non-tensor memory (Python objects, autograd's graph nodes).
+What it cannot see (the allocator's own events can, and ``allocator=True`` records them;
+``tests/test_memory_vs_profiler.py`` compares the two workload by workload): memory an op
+allocates and frees before returning (workspaces, e.g. convolution's), tensors made without
+passing through the dispatcher (the random generator's state that ``torch.get_rng_state()``
+returns, which every checkpoint captures; a Python number wrapped into a tensor for
+``x * 0.5``), allocator rounding and caching (CUDA), and non-tensor memory (Python objects,
+autograd's graph nodes).
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .allocator import AllocatorRecording, op_mark
 
 _local = threading.local()
 
@@ -68,12 +74,16 @@ def current_phase() -> str:
 
 @dataclass
 class TimelinePoint:
-    """Live bytes right after one operation."""
+    """Live bytes right after one operation; with ``track_memory(allocator=True)``, the
+    allocator's view of it too (bytes relative to the block's start, every device)."""
 
     step: int
     live_bytes: int
     phase: str
     op: str
+    allocator_bytes: int | None = None   # what the allocator held when the op returned
+    transient_bytes: int | None = None   # its high-water mark inside the op, above that:
+    #                                      what the op allocated and freed before returning
 
 
 @dataclass
@@ -90,6 +100,11 @@ class MemoryLog:
     current_bytes_by_device: dict[str, int] = field(default_factory=dict)
     cuda_peak_bytes: int | None = None
     seconds: float = 0.0
+    # with allocator=True: the allocator's own peak and end over the block, above its level
+    # at entry, all devices together and per device (None / empty otherwise)
+    allocator_peak_bytes: int | None = None
+    allocator_current_bytes: int | None = None
+    allocator_peak_bytes_by_device: dict[str, int] = field(default_factory=dict)
 
     def phase_peaks(self) -> dict[str, int]:
         """The highest live bytes seen after an operation of each phase."""
@@ -98,13 +113,46 @@ class MemoryLog:
             out[p.phase] = max(out.get(p.phase, 0), p.live_bytes)
         return out
 
+    def transients(self, n: int = 5) -> list[TimelinePoint]:
+        """The `n` operations that held the most bytes only while they ran, largest first
+        (needs ``track_memory(allocator=True)``)."""
+        if self.allocator_peak_bytes is None:
+            raise ValueError("transients need what the allocator saw: measure with "
+                             "track_memory(allocator=True)")
+        held = [p for p in self.timeline if p.transient_bytes]
+        return sorted(held, key=lambda p: -p.transient_bytes)[:n]
+
+    def allocator_peak_point(self) -> TimelinePoint:
+        """The operation during or right after which the allocator held the most: its
+        ``allocator_bytes + transient_bytes`` is the allocator's peak unless that fell between
+        two operations (needs ``track_memory(allocator=True)``). At that point the gap to the
+        tracker splits into ``transient_bytes`` and ``allocator_bytes - live_bytes`` (what the
+        allocator holds that no tracked storage accounts for: rounding, workspaces, memory
+        allocated outside an operation)."""
+        if self.allocator_peak_bytes is None or not self.timeline:
+            raise ValueError("the allocator's peak needs track_memory(allocator=True) around "
+                             "at least one operation")
+        return max(self.timeline, key=lambda p: p.allocator_bytes + p.transient_bytes)
+
+    def peak_with_transients(self) -> int:
+        """The tracker's peak with each operation's transient bytes counted while it runs:
+        the highest ``live_bytes + transient_bytes`` (needs ``track_memory(allocator=True)``).
+        Beyond it the allocator also holds memory made outside operations (a checkpoint's
+        generator states) and, on CUDA, rounding and the workspaces it keeps."""
+        if self.allocator_peak_bytes is None:
+            raise ValueError("the transient bytes need what the allocator saw: measure with "
+                             "track_memory(allocator=True)")
+        return max([0] + [p.live_bytes + p.transient_bytes for p in self.timeline
+                          if p.transient_bytes is not None])
+
 
 class _Tracker(TorchDispatchMode):
     """Registers new storages created by each op and forgets them when they are freed."""
 
-    def __init__(self, log: MemoryLog):
+    def __init__(self, log: MemoryLog, mark=None):
         super().__init__()
         self.log = log
+        self.mark = mark         # op number -> a profiler range around the op (allocator=True)
         # id(storage) -> (weak reference, bytes counted, device)
         self._refs: dict[int, tuple[weakref.ref, int, str]] = {}
         self._lock = threading.RLock()
@@ -122,7 +170,11 @@ class _Tracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         written = [(st, st.nbytes()) for st in _resizable_storages(func, args, kwargs)]
-        out = func(*args, **kwargs)
+        if self.mark is None:
+            out = func(*args, **kwargs)
+        else:
+            with self.mark(self.log.num_ops + 1):     # the number its timeline point gets
+                out = func(*args, **kwargs)
         grew = [self.resized(st, before) for st, before in written]
         self._record(func, args, kwargs, out, any(grew))
         return out
@@ -331,12 +383,19 @@ class StorageBirths(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def track_memory(limit_bytes: int | None = None):
+def track_memory(limit_bytes: int | None = None, allocator: bool = False):
     """Measure bytes of tensor storages allocated inside the block: `with track_memory() as mem:`.
 
     `mem.peak_bytes`, `mem.current_bytes` and `mem.timeline` are filled in as the block runs.
     With `limit_bytes`, exceeding it raises `SimulatedOutOfMemoryError`, a subclass of
     `torch.OutOfMemoryError`. Storages resized by ``out=`` ops or ``resize_`` are re-read.
+
+    With ``allocator=True`` the block also runs under ``torch.profiler`` (profile_memory=True)
+    and, when it ends, `mem.allocator_peak_bytes` (and `_by_device`, `allocator_current_bytes`)
+    hold the allocator's own peak and end above its level at entry, and every timeline point
+    its `allocator_bytes` and `transient_bytes` (what the op allocated and freed before
+    returning); `mem.transients(n)` lists the largest. The tracker's numbers do not change.
+    One profiler runs at a time, so this refuses to start inside another.
 
     On CUDA, `mem.cuda_peak_bytes` is the allocator's peak above its level at entry. The
     allocator keeps one running maximum and track_memory does not reset it (your own
@@ -351,17 +410,34 @@ def track_memory(limit_bytes: int | None = None):
     if limit_bytes is not None and limit_bytes < 0:
         raise ValueError(f"limit_bytes must be >= 0 or None, got {limit_bytes}")
     log = MemoryLog(limit_bytes=limit_bytes)
-    tracker = _Tracker(log)
+    recording = AllocatorRecording() if allocator else None
+    tracker = _Tracker(log, op_mark if allocator else None)
     cuda = _CudaPeak.start() if torch.cuda.is_available() else None
     start = time.perf_counter()
     try:
-        with tracker:
-            yield log
+        with recording if recording is not None else contextlib.nullcontext():
+            with tracker:
+                yield log
     finally:
         log.seconds = time.perf_counter() - start
         tracker.detach()
         if cuda is not None:
             log.cuda_peak_bytes = cuda.stop()
+        if recording is not None and recording.finished:
+            _read_allocator(log, recording)
+
+
+def _read_allocator(log: MemoryLog, recording: AllocatorRecording):
+    """Put what the allocator saw over the block into `log` and its timeline points."""
+    whole = recording.replay()
+    log.allocator_peak_bytes, log.allocator_current_bytes = whole.peak_bytes, whole.end_bytes
+    log.allocator_peak_bytes_by_device = {dev: recording.replay(dev).peak_bytes
+                                          for dev in recording.devices()}
+    levels = recording.op_levels()
+    for point in log.timeline:
+        level = levels.get(point.step)
+        if level is not None:
+            point.allocator_bytes, point.transient_bytes = level.after_bytes, level.transient_bytes
 
 
 @dataclass
@@ -387,5 +463,10 @@ class _CudaPeak:
         return None
 
 
-# The layer profiler lives in its own module; these names stay importable from here.
-from .profile import LayerProfile, backward_work_bytes, profile_layers  # noqa: E402,F401
+def kept_after_forward(module, *inputs) -> int:
+    """Bytes allocated by module(*inputs) and still alive after its forward: what backward needs."""
+    with track_memory() as mem:
+        out = module(*inputs)
+        kept = mem.current_bytes
+    del out
+    return kept

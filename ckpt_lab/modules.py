@@ -18,9 +18,11 @@ matches a ``forward`` that runs the original one under ckpt_lab's `checkpoint`.
 * A block called with ``use_cache=True`` or a key/value cache is refused while grad is on:
   the recompute would write the cache twice and the cache would pin what checkpointing frees.
 
-`plan_modules` profiles the matched blocks in one step and asks `planner.optimal_segments`
-which of them to checkpoint for a memory budget; the answer is a predicate for
-`checkpoint_modules`.
+`plan_modules(model, select, step, budget_bytes)` picks which matched blocks to checkpoint so
+that the step's peak fits a budget, on the exact step model of `module_step` (two recorded
+steps, plain and all checkpointed, predict the peak of any set); ``plan.select`` is the list of
+names for `checkpoint_modules`. `profile_modules` charges the bytes autograd saves to blocks,
+exactly for any set, after the forward.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from torch import nn
 
 from .checkpoint import IMPLS, checkpoint
 from .memory import StorageBirths
+from .module_step import ModulePlan, ModuleStep, SameStart, record_step
 
 _MARK = "_ckpt_lab_original_forward"
 CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past")
@@ -67,7 +70,13 @@ class CheckpointedModules:
 
 
 def _matcher(select):
-    """A predicate (name, module) -> bool from a class, a tuple of classes or a predicate."""
+    """A predicate (name, module) -> bool from a class, a tuple of classes, a list of module
+    names or a predicate."""
+    if isinstance(select, list):
+        if not all(isinstance(n, str) for n in select):
+            raise TypeError(f"a list select must hold module names (str), got {select!r}")
+        chosen = set(select)
+        return lambda name, m: name in chosen
     if isinstance(select, type):
         if not issubclass(select, nn.Module):
             raise TypeError(f"select is the class {select.__name__}, which is not an nn.Module "
@@ -80,17 +89,23 @@ def _matcher(select):
         return lambda name, m: isinstance(m, select)
     if callable(select):
         return lambda name, m: bool(select(name, m))
-    raise TypeError(f"select must be an nn.Module class, a tuple of classes or a predicate "
-                    f"(name, module) -> bool, got {type(select).__name__}")
+    raise TypeError(f"select must be an nn.Module class, a tuple of classes, a list of module "
+                    f"names or a predicate (name, module) -> bool, got {type(select).__name__}")
 
 
 def matched_modules(model: nn.Module, select) -> list[tuple[str, nn.Module]]:
-    """The (name, module) pairs of `model` that `select` matches, checked: some, none nested."""
+    """The (name, module) pairs of `model` that `select` matches, checked: some (a list of
+    names may be empty: a plan that checkpoints nothing), all known, none nested."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     match = _matcher(select)
     found = [(name, m) for name, m in model.named_modules() if match(name, m)]
-    if not found:
+    if isinstance(select, list):
+        unknown = sorted(set(select) - {name for name, _ in found})
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not the name of a submodule of "
+                             f"{type(model).__name__}; names come from model.named_modules()")
+    elif not found:
         kinds = sorted({type(m).__name__ for _, m in model.named_modules()})
         raise ValueError(f"select matched no submodule of {type(model).__name__}; its module "
                          f"classes are {', '.join(kinds)}. Pass one of them (the repeated "
@@ -147,9 +162,11 @@ def checkpoint_modules(model: nn.Module, select, impl: str = "hooks", policy=Non
                        preserve_rng_state: bool = True) -> CheckpointedModules:
     """Checkpoint every submodule of `model` that `select` matches; returns a handle to undo it.
 
-    ``select``: an ``nn.Module`` class, a tuple of classes, or a predicate ``(name, module) ->
-    bool`` over ``model.named_modules()``. ``impl``, ``policy`` and ``preserve_rng_state`` are
-    passed to `checkpoint`. Under ``torch.no_grad()`` the modules run as before.
+    ``select``: an ``nn.Module`` class, a tuple of classes, a list of names from
+    ``model.named_modules()`` (``plan.select`` of `plan_modules`; an empty list checkpoints
+    nothing), or a predicate ``(name, module) -> bool`` over them. ``impl``, ``policy`` and
+    ``preserve_rng_state`` are passed to `checkpoint`. Under ``torch.no_grad()`` the modules run
+    as before.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -175,26 +192,6 @@ class BlockProfile:
     act_bytes: int
     out_bytes: int
     forward_seconds: float
-
-
-@dataclass
-class ModulePlan:
-    """Which matched blocks to checkpoint, the planner's plan behind it, and the profile.
-
-    ``peak_bytes`` is `formulas.segmented_peak_bytes` of checkpointing ``names`` one block
-    each: what the blocks are predicted to hold at the peak.
-    """
-
-    names: list[str]
-    plan: object
-    blocks: list[BlockProfile]
-    input_bytes: int
-    other_saved_bytes: int
-    peak_bytes: int
-
-    def select(self, name: str, module: nn.Module) -> bool:
-        """The predicate to pass to `checkpoint_modules`: the blocks this plan checkpoints."""
-        return name in self.names
 
 
 def _first_tensor(tree):
@@ -351,30 +348,42 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
                          {n: frozenset(k) for n, k in block_args.items()}, arg_bytes)
 
 
-def plan_modules(model: nn.Module, select, step, budget_bytes) -> ModulePlan:
-    """Profile the matched blocks with ``step()`` and pick which to checkpoint for a budget.
+def profile_module_step(model: nn.Module, select, step) -> ModuleStep:
+    """Record ``step()`` twice, plain and with every matched block checkpointed: the exact step
+    model of `module_step`, which predicts the step's peak for any set of checkpointed blocks.
 
-    The budget covers what the blocks save for backward (``other_saved_bytes`` comes on top).
-    `planner.optimal_segments` finds the cheapest plan; its checkpointed segments end where
-    its last segment starts, and every block before that is checkpointed on its own (a module
-    can be checkpointed alone, not together with its neighbours). Apply the result with
-    ``checkpoint_modules(model, plan.select)``.
+    ``step()`` runs one training step's forward and backward, or returns the loss (a scalar
+    tensor, or an output with ``.loss``), whose ``.backward()`` is then called. Both runs start
+    from the model as it is (parameter gradients, buffers, random generators), which is left so.
     """
-    from . import planner
-    from .formulas import segmented_peak_bytes
-    prof = profile_modules(model, select, step)
-    blocks, input_bytes, other = prof.blocks, prof.input_bytes, prof.other_saved_bytes
-    budget_bytes = float("inf") if budget_bytes is None else budget_bytes
-    act, out = [b.act_bytes for b in blocks], [b.out_bytes for b in blocks]
-    plan = planner.optimal_segments(act, out, [b.forward_seconds for b in blocks], budget_bytes,
-                                    input_bytes=input_bytes)
-    for last in range(plan.boundaries[-1], len(blocks)):
-        peak = segmented_peak_bytes(list(range(last + 1)), act, out, input_bytes)
-        if peak <= budget_bytes:
-            return ModulePlan([b.name for b in blocks[:last]], plan, blocks, input_bytes, other,
-                              peak)
-    raise ValueError(
-        f"the planner fits {budget_bytes:,} bytes only by checkpointing several blocks as one "
-        f"segment ({plan.boundaries}), which checkpoint_modules cannot do (it checkpoints each "
-        "matched module alone); raise the budget or select a larger module that holds several "
-        "blocks.")
+    found = matched_modules(model, select)
+    if not found:
+        raise ValueError("select matched no block; pass the block class or the names of blocks")
+    weights = {id(t.untyped_storage()) for t in list(model.parameters()) + list(model.buffers())}
+    records = []
+    with SameStart(model) as start:
+        for checkpointed in (False, True):
+            start.reset()
+            handle = checkpoint_modules(model, [n for n, _ in found]) if checkpointed else None
+            try:
+                records.append(record_step(found, step, weights))
+            finally:
+                if handle is not None:
+                    handle.remove()
+    return ModuleStep([n for n, _ in found], *records,
+                      classes=[type(m).__qualname__ for _, m in found])
+
+
+def plan_modules(model: nn.Module, select, step, budget_bytes) -> ModulePlan:
+    """The matched blocks to checkpoint so that the step's peak fits ``budget_bytes``, with the
+    least recomputed forward time (of those, the least peak).
+
+    The budget and ``plan.peak_bytes`` mean what `planner.plan_chain`'s do: the peak of the
+    step as `track_memory` measures ``step()`` and its backward (see `profile_module_step`),
+    from the state the model is in now (parameter gradients that are None get allocated in the
+    step and count). ``plan.peak_bytes`` is the prediction of the exact step model; a plan may
+    checkpoint no block (``plan.names == []``). Apply it with
+    ``checkpoint_modules(model, plan.select)``. Raises `planner.BudgetTooSmallError` naming the
+    least peak any set of blocks reaches.
+    """
+    return profile_module_step(model, select, step).plan(budget_bytes)

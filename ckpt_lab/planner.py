@@ -305,7 +305,17 @@ def plan_chain(layers, x, budget_bytes, repeats: int = 3) -> Plan:
     `.float().sum().backward()`, with parameter gradients allocated beforehand; `peak_bytes` is
     its predicted peak as `track_memory` measures it (x and parameters are allocated before
     the step, so they are not in it). Recompute cost is in profiled forward seconds. Raises
-    BudgetTooSmallError naming the least budget any plan fits.
+    BudgetTooSmallError naming the least budget any plan fits. No checkpointed segment starts
+    at a layer that writes its input in place (`checkpoint_sequential` refuses that).
+
+    What a budget counts: tensor bytes as `track_memory` sees them, every storage an operation
+    of the step creates (a view's once), alive at the same moment. What the allocator holds on
+    top, which no budget here counts (`ckpt_lab.allocator.profiled_memory` measures it beside
+    the prediction): every live checkpoint keeps the CPU random generator's state, the 5,056-byte
+    tensor `torch.get_rng_state()` returns (``preserve_rng_state=True``, the default; each CUDA
+    device's generator state too, in CPU memory), made outside the dispatcher; operations'
+    temporaries, allocated and freed inside one operation (a CPU convolution's column
+    buffers); and, on CUDA, the caching allocator's rounding and cached blocks.
     """
     from .profile import profile_layers
     return optimal_segments(profile_layers(layers, x, repeats=repeats), budget_bytes)
@@ -367,6 +377,13 @@ class _Step(_Searches):
                 r -= 1
             self.root.append(r)
         self.inb = [self.out[i - 1] if self.root[i] >= 0 else 0 for i in range(n)]
+        # a checkpoint keeps its segment's input to run the segment again: no checkpointed
+        # segment may start where a layer writes that input in place (the layer itself, or one
+        # after layers that only return views of it); checkpoint_sequential refuses it
+        writes = [bool(getattr(p, "writes_input", False)) for p in profile]
+        self.writer = [None] * (n + 1)
+        for a in reversed(range(n)):
+            self.writer[a] = a if writes[a] else self.writer[a + 1] if self.view[a] else None
         # whether layer i's input is saved by a layer before it (its maker, or a layer between
         # that saved a view of it): then it is counted there, not as layer i's
         self.prev_saved = [self.root[i] >= 0 and self._saved_before(0, i) for i in range(n)]
@@ -390,9 +407,10 @@ class _Step(_Searches):
         """In a segment starting at a, is layer i's input counted already (i > a)?"""
         return self._saved_before(a, i) if self.root[i] >= a else True
 
-    def kept(self, a: int) -> int:
-        """Bytes a checkpointed segment starting at layer a keeps: its input (x is not counted)."""
-        return self.inb[a]
+    def kept(self, a: int, b: int) -> int:
+        """Bytes checkpointed segment [a, b) keeps: its input (x is not counted), unless none of
+        its layers saves anything, when the checkpoint has nothing to recompute and lets go."""
+        return self.inb[a] if any(self.saves[a:b]) else 0
 
     def _input_alive(self, a: int, i: int) -> int:
         """Layer i's input while its forward runs, unless already counted (i > a)."""
@@ -406,13 +424,13 @@ class _Step(_Searches):
 
     def segment_peak(self, a: int, b: int) -> int:
         """Peak of checkpointed segment [a, b), its kept input included, earlier ones not."""
-        x = self.kept(a)
+        x = self.inb[a]                  # alive while the segment's forward runs
         terms = [x + (self.inb[i] if i > a and self.root[i] >= a else 0) + self.free[i]
                  for i in range(a, b)]
         saving = [i for i in range(a, b) if self.saves[i]]
         last = saving[-1] if saving else a - 1
         # layers after the last that saves anything run backward before any recompute
-        x_back = x + self.head
+        x_back = self.kept(a, b) + self.head
         terms += [x_back + self._backward(a, i, True) for i in range(last + 1, b)]
         if saving:
             # the recompute stops right after the last save; the incoming gradient is alive
@@ -477,6 +495,7 @@ class _Step(_Searches):
         q_r = np.concatenate([[0], np.cumsum(own_r + ex)])
         bwdv_r = np.where(prev_saved, bwd_r, held_r)
         seg = np.full((n, n), np.inf)
+        keep = np.zeros((n, n))
         for a in range(n - 1):
             ks = np.arange(a, n - 1)
             if self.view[a]:
@@ -511,8 +530,11 @@ class _Step(_Searches):
             r_at = gin[ks] + np.maximum(before, s_ + rin + rec[ks])
             r = np.where(has, r_at[at], 0)
             back = np.maximum(np.maximum(covered, tail), r) + self.head
-            peak = np.maximum(np.maximum.accumulate(f), back)
-            seg[a, a + 1:] = prev[a] + peak
+            seg[a, a + 1:] = np.maximum(prev[a] + np.maximum.accumulate(f),
+                                        np.where(has, prev[a], 0) + back) \
+                if self.writer[a] is None else np.inf
+            # a segment none of whose layers saves anything keeps nothing
+            keep[a, a + 1:] = np.where(has, prev[a], 0)
         ts = np.arange(n)
         a_f = q[ts] + alive + fwd
         head = np.where(ts < n - 1, self.head, 0)
@@ -527,7 +549,7 @@ class _Step(_Searches):
         self.last = np.maximum(fl, bl)
         for t in np.nonzero(np.array(self.view))[0]:
             self.last[t] = self.last_peak(int(t))
-        self.keep = prev.astype(np.float64)
+        self.keep_t = np.ascontiguousarray(keep.T)     # row b: what [a, b) keeps, every a
 
     def plan_at(self, budget: int):
         """The least-cost plan whose step peak is within `budget` (None if none fits)."""
@@ -536,14 +558,12 @@ class _Step(_Searches):
         best = np.full(n, np.inf)
         parent = [None] * n
         best[0] = 0.0
-        after = best + self.keep                        # kept bytes once a segment starts at i
-        seg_t, keep, inf = self.seg_t, self.keep, np.inf
+        seg_t, keep_t, inf = self.seg_t, self.keep_t, np.inf
         for k in range(1, n):
-            cand = np.where(best[:k] + seg_t[k, :k] <= budget, after[:k], inf)
+            cand = np.where(best[:k] + seg_t[k, :k] <= budget, best[:k] + keep_t[k, :k], inf)
             i = int(cand.argmin())
             if cand[i] < inf:
                 best[k] = cand[i]
-                after[k] = best[k] + keep[k]
                 parent[k] = i
         fits = np.nonzero(best + self.last <= budget)[0]
         if len(fits) == 0:
@@ -570,10 +590,18 @@ class _Step(_Searches):
 
     def peak(self, starts) -> int:
         """Step peak of segments starting at `starts` (validated, beginning with 0)."""
+        for a in starts[:-1]:
+            if self.writer[a] is not None:
+                raise ValueError(
+                    f"no checkpointed segment can start at layer {a}: layer {self.writer[a]} "
+                    "writes its input in place, which the checkpoint keeps to run the segment "
+                    "again (checkpoint_sequential refuses it); " + (
+                        f"move that boundary to {self.writer[a] + 1}." if a > 0 else
+                        "only boundaries=[0] (no checkpoint) runs this chain."))
         kept, peak = 0, 0
         for a, b in zip(starts, starts[1:]):
             peak = max(peak, kept + self.segment_peak(a, b))
-            kept += self.kept(a)
+            kept += self.kept(a, b)
         return max(peak, kept + self.last_peak(starts[-1]))
 
 
@@ -588,13 +616,16 @@ def step_peak_bytes(boundaries, profile) -> int:
     segments 0..j, the gradient arriving at segment j, the activations its layers saved and
     not yet used, and the working memory of the layer running.
 
-    A layer that returns a view of its input (`nn.Flatten` as a layer of its own) makes no
-    storage; its output is counted with the tensor it views. One case stays inexact: a segment
-    made of such layers alone keeps the same tensor as the segment before, counted twice (high,
-    never low; the planner never picks such a segment, it is never cheaper). Not counted: the
-    copies of module buffers a checkpoint makes to replay them (``ckpt_lab.module_state``), at
-    most twice the persistent buffer bytes of the checkpointed layers (batch norm's statistics
-    and counter: a few hundred bytes in the tests' conv nets, under 0.3% of their peaks).
+    A layer that returns its input's storage (`nn.Flatten` of a contiguous input,
+    ``nn.ReLU(inplace=True)``) makes none; its output is counted with the tensor it shares. A
+    checkpointed segment none of whose layers saves anything keeps nothing. One case stays
+    inexact: a segment of layers that return views, one of which saves something, keeps the
+    same tensor as the segment before, counted twice (high, never low). A plan with a
+    checkpointed segment starting where a layer writes its input in place raises ValueError:
+    the step refuses it (`checkpoint_sequential`). Not counted: the copies of module buffers a
+    checkpoint makes to replay them (``ckpt_lab.module_state``), at most twice the persistent
+    buffer bytes of the checkpointed layers (batch norm's statistics and counter: a few hundred
+    bytes in the tests' conv nets, under 0.3% of their peaks).
     """
     step = _Step(profile)
     return step.peak(segment_starts(step.n, boundaries=list(boundaries)))

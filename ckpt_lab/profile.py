@@ -5,17 +5,25 @@ A step of `checkpoint_sequential(layers, x, boundaries=...)` followed by
 live bytes at any moment are a sum of pieces that belong to single layers: what a layer
 saves for backward, the input it holds during its forward, the gradient arriving at it and
 what its backward allocates. `profile_layers` measures those pieces for each layer *alone*,
-with `track_memory`, in exactly the situations the step puts it in:
+with `track_memory`, in exactly the situations the step puts it in, on a replica of the input
+the step hands it (the previous layer's actual output: same strides, storage offset and
+storage size, so a ``Linear`` fed a slice makes and saves the copy it makes in the step, and a
+layer that writes its input in place writes the replica, never the caller's tensor):
 
 * its forward saving for backward (plain run, or the recompute of a checkpointed segment,
   which stops right after the last tensor it must save), and its forward under a checkpoint,
   which saves nothing;
 * its backward, with the gradient arriving at its output as the layer after it sends it (the
   loss's own gradient for the last layer), its input held elsewhere (kept by a checkpoint, or
-  saved by the layer before) or, read off the same run by when autograd releases its saved
-  aliases of it, held only by what the layer saved itself;
-* once more as a recompute, in case the layer behaves differently then (checked by comparing
-  the operations its forward runs).
+  saved by the layer before) or, read off the same run by when that input's storage is
+  freed, held only by what the layer saved itself;
+* once more as a checkpoint's recompute: a layer may save more then
+  (`models.RecomputeSafeBatchNorm2d`), and autograd lets go of what a recompute saved as soon
+  as the node that reads it returns, before it reduces the gradients it sends (a broadcast
+  bias's), where it keeps what a plain forward saved until after.
+
+It also records whether a layer writes its input in place (``nn.ReLU(inplace=True)``): no
+checkpointed segment may start there, since its checkpoint keeps that input to run again.
 
 `planner.step_peak_bytes` puts the pieces together for any segmentation. Nothing of the
 model changes: parameter gradients (`.grad`), BatchNorm running statistics and the random
@@ -62,16 +70,34 @@ class LayerProfile:
     recompute_peak_bytes: int | None = None     # peak up to its last save, where a recompute stops
     recompute_backward_peak_bytes: int | None = None
     recompute_held_backward_peak_bytes: int | None = None
-    output_is_view: bool | None = None  # returns a view of its input (nn.Flatten): no new storage
+    output_is_view: bool | None = None  # returns its input's storage (nn.Flatten of a contiguous
+    #                                     input, nn.ReLU(inplace=True)): makes no new storage
+    writes_input: bool | None = None    # writes its input in place (nn.ReLU(inplace=True)): no
+    #                                     checkpointed segment may start at it (planner.py)
+
+
+def replica(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in a storage of its own, laid out as `t` is: the same size, strides, storage
+    offset and storage size (a slice stays a slice of a storage as big as the one it came from).
+
+    A layer profiled on it runs the kernels, makes the copies and saves the storages it would in
+    the step (a contiguous clone would hide the copy a ``Linear`` makes of a strided input), and
+    a layer that writes its input in place writes the copy, never the caller's tensor.
+    """
+    return t.new_empty(0).set_(t.untyped_storage().clone(), t.storage_offset(), t.size(),
+                               t.stride())
 
 
 class _Sink(torch.autograd.Function):
-    """Stands for the layers before: a fresh copy of the input whose gradient is kept in `box`."""
+    """Stands for the layers before: a replica of the input whose gradient is kept in `box`.
+
+    Its output is not a leaf, as a layer's input in the step is not, so an in-place layer may
+    write it."""
 
     @staticmethod
     def forward(ctx, t, box):
         ctx.box = box
-        return t.clone()
+        return replica(t)
 
     @staticmethod
     def backward(ctx, g):
@@ -94,33 +120,60 @@ class _Tap(torch.autograd.Function):
         return base.as_strided(like.size(), like.stride(), like.storage_offset()), None
 
 
-def _layer_input(x, requires_grad, box):
-    return _Sink.apply(x, box) if requires_grad else x.clone()
+def _layer_input(x, requires_grad, box=None):
+    """A layer's input as the step hands it over: a replica, with a history if it needs grad."""
+    if not requires_grad:
+        return replica(x)
+    return _Sink.apply(x.detach().requires_grad_(), [] if box is None else box)
 
 
-def _alone(layer, x, requires_grad, incoming, head, backward=True):
-    """Forward + backward of one layer alone, as the step runs it; returns the measurements."""
-    box, packs, aliases, freed = [], [], [], []
-    leaf = x.detach().requires_grad_(requires_grad)
-    xin = _layer_input(leaf, requires_grad, box)   # allocated before: held elsewhere
-    in_ptr = None
+class _Held:
+    """A saved tensor as a checkpoint holds it for a recompute: handed over once, then let go."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, t):
+        self.tensor = t
+
+
+def _once(held):
+    """Unpack as `checkpoint` does: a built-in node reads its saved tensors once, so the holder
+    lets go and the tensor lives only until that node returns (before autograd reduces the
+    gradients it sends, e.g. a broadcast bias's); a custom Function may read them twice."""
+    t = held.tensor
+    if not isinstance(torch._C._current_autograd_node(), torch.autograd.function.BackwardCFunction):
+        held.tensor = None
+    return t
+
+
+def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False):
+    """Forward + backward of one layer alone, as the step runs it; returns the measurements.
+
+    `once`: the layer's forward is a checkpoint's recompute, whose saved tensors autograd
+    unpacks once and lets go of sooner than its own saved tensors."""
+    box, packs, gone = [], [], []
+    xin = _layer_input(x, requires_grad, box)   # allocated before: held elsewhere
+    version = xin._version
+    store = xin.untyped_storage()
+    in_ptr, in_bytes = store.data_ptr(), store.nbytes()
     with track_memory() as log:
-        def pack(t):
-            ptr = t.untyped_storage().data_ptr()
-            packs.append((ptr, len(log.timeline)))
-            alias = t.detach()
-            if ptr == in_ptr:   # when autograd lets go of it, an input held by nothing else goes
-                aliases.append(weakref.ref(alias, lambda _: freed.append(len(log.timeline))))
-            return alias
+        # after the forward only what the layer saved holds its input: when that goes, an
+        # input held by nothing else would go too
+        weakref.finalize(store, lambda: gone.append(len(log.timeline)))
+        del store
 
-        in_ptr = xin.untyped_storage().data_ptr()
-        in_bytes = xin.untyped_storage().nbytes()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        def pack(t):
+            packs.append((t.untyped_storage().data_ptr(), len(log.timeline)))
+            alias = t.detach()
+            return _Held(alias) if once else alias
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, _once if once else lambda t: t):
             y = layer(xin)
+            writes_input = xin._version != version
+            del xin
             end = None if head else _Tap.apply(y, incoming)   # keeps the graph alive
             loss = y.float().sum() if head else None
         forward_peak = log.peak_bytes
-        fwd_ops = len(log.timeline)
         out_bytes = y.untyped_storage().nbytes()
         out_ptr = y.untyped_storage().data_ptr()
         with_y = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
@@ -128,33 +181,33 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True):
         # the loss of the last layer is alive in backward, but no layer saved it
         own = log.current_bytes - (loss.untyped_storage().nbytes() if head else 0)
         start = len(log.timeline)
-        trace = [(p.op, p.live_bytes) for p in log.timeline]
         if not backward:
             pass
         elif head and loss.requires_grad:
             loss.backward()
         elif end is not None and end.requires_grad and incoming is not None:
             end.backward(end)
+        del loss, end
         backward_peak = max([own] + [p.live_bytes for p in log.timeline[start:]])
-        # the same backward with the input held only by what the layer saved: it counts until
-        # the last saved alias of it is released
-        gone = max(freed) if aliases and len(freed) == len(aliases) else float("inf")
-        held_peak = max([own + in_bytes] + [p.live_bytes + (in_bytes if k < gone else 0)
+        # the same backward with the input held only by what the layer saved
+        until = gone[0] if gone else float("inf")
+        held_peak = max([own + in_bytes] + [p.live_bytes + (in_bytes if k < until else 0)
                                             for k, p in enumerate(log.timeline) if k >= start])
-    del loss, end
+    saves_input = any(p == in_ptr for p, _ in packs)
     last = packs[-1][1] if packs else 0
     return dict(
         own=own, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
             p == out_ptr for p, _ in packs),
-        saves_input=any(p == in_ptr for p, _ in packs), saves_any=bool(packs),
-        view=out_ptr == in_ptr, forward_peak=forward_peak, backward_peak=backward_peak, fwd_ops=fwd_ops,
-        held_peak=held_peak if any(p == in_ptr for p, _ in packs) else backward_peak,
+        saves_input=saves_input, saves_any=bool(packs), view=out_ptr == in_ptr,
+        writes_input=writes_input, forward_peak=forward_peak, backward_peak=backward_peak,
+        held_peak=held_peak if saves_input else backward_peak,
         recompute_peak=max([0] + [p.live_bytes for p in log.timeline[:last]]),
-        grad=box[0] if box else None, trace=trace)
+        grad=box[0] if box else None)
 
 
-def _free_forward_peak(layer, x) -> int:
+def _free_forward_peak(layer, x, requires_grad) -> int:
     """Peak of a layer's forward under a checkpoint: nothing is saved for backward."""
+    x = _layer_input(x, requires_grad)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: h), \
             track_memory() as log:
         layer(x)
@@ -202,6 +255,31 @@ class _Untouched:
         return False
 
 
+def _refuse_failing_step(named, alone, x) -> None:
+    """Raise if a layer writes in place what the step cannot let it write, whatever the plan:
+    the chain's input when it is a leaf that requires grad, or a tensor a layer before saved."""
+    for i, (name, layer) in enumerate(named):
+        if not alone[i]["writes_input"]:
+            continue
+        r = i - 1                      # the layer that made the storage layer i writes
+        while r >= 0 and alone[r]["view"]:
+            r -= 1
+        if r < 0 and x.is_leaf and x.requires_grad:
+            raise ValueError(
+                f"layer {name} ({layer!r}) writes the chain's input in place, and x is a leaf "
+                "that requires grad: autograd refuses that in the step itself ('a leaf Variable "
+                "that requires grad is being used in an in-place operation'). Make the layer out "
+                "of place (inplace=False) or give the chain an input that is not a leaf.")
+        savers = [j for j in range(max(r, 0), i) if (j == r and alone[j]["saves_output"])
+                  or (j > r and alone[j]["saves_input"])]
+        if savers:
+            raise ValueError(
+                f"layer {name} ({layer!r}) writes its input in place, which layer "
+                f"{named[savers[0]][0]} saved for backward: every step of this chain fails "
+                "('modified by an inplace operation'), checkpointed or not. Make the layer out "
+                "of place (inplace=False).")
+
+
 def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
                    step: bool = True) -> list[LayerProfile]:
     """Profile a chain layer by layer: the input of the planner, the formulas and the step model.
@@ -223,23 +301,26 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
     n = len(named)
     with _Untouched([m for _, m in named], x.device):
         # forward, layer by layer: each layer's input, whether it requires grad, its time
+        # (every run gets a replica of its input: the caller's x and the inputs kept here stay
+        # as they were when a layer writes its input in place)
         inputs, needs, seconds, free = [], [], [], []
         h, req = x.detach(), x.requires_grad and x.is_floating_point()
         for _, layer in named:
             inputs.append(h)
             needs.append(req)
             if step:
-                free.append(_free_forward_peak(layer, h.detach().requires_grad_(req)))
+                free.append(_free_forward_peak(layer, h, req))
             times = []
             for _ in range(repeats):
+                xin = _layer_input(h, req)
                 start = time.perf_counter()
-                y = layer(h.detach().requires_grad_(req) if req else h)
+                y = layer(xin)
                 if y.is_cuda:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - start)
             seconds.append(sorted(times)[len(times) // 2])
             h, req = y.detach(), bool(y.requires_grad)
-            del y
+            del y, xin
         # backward, from the last layer: each layer gets the gradient the next one sent
         alone, again, incoming = [None] * n, [None] * n, None
         for i in reversed(range(n)):
@@ -252,14 +333,12 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
                 continue
             alone[i] = _alone(*args)
             with phase("recompute"):
-                # a forward that runs the same operations to the same sizes saves the same
-                first = _alone(*args, backward=False)
-                again[i] = alone[i] if first["trace"] == alone[i]["trace"] \
-                    else _alone(*args)
+                again[i] = _alone(*args, once=True)
             alone[i]["grad_in"] = 0 if incoming is None and not head else (
                 4 if head else incoming.untyped_storage().nbytes())
             incoming = alone[i]["grad"]
             alone[i]["grad"] = again[i]["grad"] = None
+    _refuse_failing_step(named, alone, x)
     out = []
     for i, (name, _) in enumerate(named):
         a = alone[i]
@@ -272,6 +351,7 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
             name=name, act_bytes=a["own"] + extra, out_bytes=a["out"],
             forward_seconds=seconds[i], work_bytes=a["backward_peak"] - a["own"], own_bytes=a["own"],
             saves_input=a["saves_input"], saves_output=a["saves_output"], output_is_view=a["view"],
+            writes_input=a["writes_input"],
             saves_any=a["saves_any"], forward_peak_bytes=a["forward_peak"],
             free_forward_peak_bytes=free[i], backward_peak_bytes=a["backward_peak"],
             held_backward_peak_bytes=a["held_peak"], grad_in_bytes=a["grad_in"],

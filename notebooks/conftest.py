@@ -7,6 +7,9 @@ notebook went over `BUDGET_SECONDS` or `BUDGET_BYTES` (1 GiB: Binder's 2 GB hold
 and every open kernel). The numbers go to artifacts/notebook_budgets.json (git-ignored) for
 the README's course map.
 
+A lesson in the lesson form (`tools/lesson_shape.SHAPED`) is also held to it there: a figure,
+short prose cells, little text output, the closing sections, no answer shown above its question.
+
 The same run is saved: each notebook with the outputs nbval's kernel produced and, after its
 last cell, the kernel's widget state (what JupyterLab's "Save widget state" stores) goes to
 artifacts/executed/ (`CKPT_LAB_EXECUTED_DIR`), from which tools/build_site.py builds the site.
@@ -24,6 +27,8 @@ import psutil
 import pytest
 from IPython.core.displayhook import DisplayHook
 
+from tools import lesson_shape
+
 BUDGET_SECONDS = float(os.environ.get("CKPT_LAB_NB_BUDGET_SECONDS", 150.0))
 BUDGET_BYTES = int(float(os.environ.get("CKPT_LAB_NB_BUDGET_MIB", 1024)) * 2 ** 20)
 OUT = Path(os.environ.get("CKPT_LAB_NB_BUDGET_JSON", Path(__file__).resolve().parent.parent
@@ -31,6 +36,9 @@ OUT = Path(os.environ.get("CKPT_LAB_NB_BUDGET_JSON", Path(__file__).resolve().pa
 EXECUTED_DIR = Path(os.environ.get("CKPT_LAB_EXECUTED_DIR", Path(__file__).resolve().parent.parent
                                    / "artifacts" / "executed"))
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
+# Lessons in tools/lesson_shape.SHAPED keep the lesson form; CKPT_LAB_LESSON_FORM=all holds every
+# notebook run to it (the test of this hook uses that).
+FORM_ALL = os.environ.get("CKPT_LAB_LESSON_FORM") == "all"
 _runs: dict[str, dict] = {}
 _executed: dict[str, nbformat.NotebookNode] = {}
 
@@ -86,16 +94,31 @@ def pytest_runtest_call(item):
         cells = [i for i in item.parent.session.items if i.parent is item.parent]
         if cells and item is cells[-1]:
             _write()
-            _save_executed(name, item.parent)
+            executed = _save_executed(name, item.parent)
             over = []
             if run["seconds"] > BUDGET_SECONDS:
                 over.append(f"ran {run['seconds']:.0f} s > {BUDGET_SECONDS:.0f} s")
             if run["peak_rss_bytes"] > BUDGET_BYTES:
                 over.append(f"peak RSS {run['peak_rss_bytes'] / 2**20:.0f} MiB > "
                             f"{BUDGET_BYTES / 2**20:.0f} MiB")
+            failures = []
             if over:
-                raise AssertionError(f"{name} is over its budget: {'; '.join(over)}. Choose "
-                                     "smaller CPU sizes with ckpt_lab.course.sizes.")
+                failures.append(f"{name} is over its budget: {'; '.join(over)}. Choose smaller "
+                                "CPU sizes with ckpt_lab.lessons.course.sizes.")
+            lesson = name.removesuffix(".ipynb")
+            if executed is not None and (lesson in lesson_shape.SHAPED or FORM_ALL):
+                broken = lesson_shape.problems(executed, _expected_answer)
+                if broken:
+                    failures.append(f"{name} is out of the lesson form: {'; '.join(broken)}")
+            if failures:
+                raise AssertionError(" ".join(failures))
+
+
+def _expected_answer(key: str):
+    """The measured answer of an exercise that declares one (for the answer-on-screen rule)."""
+    from ckpt_lab.lessons import exercises
+    exercise = exercises.EXERCISES.get(key)
+    return exercise.expected() if exercise is not None and exercise.expected else None
 
 
 def _record_outputs(name: str, item):
@@ -135,11 +158,11 @@ def widget_state(kernel, timeout: float = 60) -> dict:
 
 
 def _save_executed(name: str, notebook_item):
-    """Write the executed notebook, with its widget state, to EXECUTED_DIR/name."""
+    """Write the executed notebook, with its widget state, to EXECUTED_DIR/name; return it."""
     nb = _executed.pop(name, None)
     kernel = getattr(notebook_item, "kernel", None)
     if nb is None or kernel is None:
-        return
+        return nb
     try:
         state = widget_state(kernel) if kernel.is_alive() else {}
     except Exception as err:                     # the site build refuses such a notebook
@@ -150,6 +173,7 @@ def _save_executed(name: str, notebook_item):
     path = EXECUTED_DIR / name
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
+    return nb
 
 
 def _write():

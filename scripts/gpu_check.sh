@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every CUDA path of the course on a GPU machine, written to one JSON
-# (benchmarks/results/gpu/gpu_check.json): the measurements of benchmarks/gpu_check.py, then
+# (benchmarks/results/gpu/gpu_check.json): the measurements of benchmarks/gpu_check.py (tracker
+# against allocator, offload, fp16, policies, throughput at equal global batch, allocator
+# fragmentation with and without expandable segments; seconds per section recorded), then
 # every unit test (the CUDA-only ones run here) and every lesson and solution at the GPU sizes
 # the notebooks pick by themselves, with their pass/fail counts folded into the same JSON.
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (PYTHON, PYTEST_WORKERS and NB_WORKERS may be set,

@@ -58,7 +58,7 @@ def find_chromium() -> str | None:
 
 
 def uses_widgets(notebook_path: Path) -> bool:
-    """Whether a code cell imports ipywidgets or ckpt_lab.widgets, or calls interact().
+    """Whether a code cell imports ipywidgets or ckpt_lab.lessons.widgets, or calls interact().
 
     Shell and magic lines (`%pip install ipywidgets`) do not count.
     """
@@ -66,8 +66,9 @@ def uses_widgets(notebook_path: Path) -> bool:
     code = "\n".join(line for c in nb["cells"] if c["cell_type"] == "code"
                      for line in "".join(c["source"]).splitlines()
                      if not line.lstrip().startswith(("%", "!")))
-    return bool(re.search(r"^\s*(import ipywidgets|from ipywidgets\b|import ckpt_lab\.widgets"
-                          r"|from ckpt_lab\.widgets\b|from ckpt_lab import[^\n]*\bwidgets\b)"
+    return bool(re.search(r"^\s*(import ipywidgets|from ipywidgets\b|import ckpt_lab\.lessons\.widgets"
+                          r"|from ckpt_lab\.lessons\.widgets\b"
+                          r"|from ckpt_lab\.lessons import[^\n]*\bwidgets\b)"
                           r"|\binteract(ive)?\(", code, re.M))
 
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 import ckpt_lab
-from ckpt_lab import data, widgets
+from ckpt_lab import data
+from ckpt_lab.lessons import widgets
 
 report = {"ipywidgets": ipywidgets.__version__, "ckpt_lab_file": ckpt_lab.__file__,
           "sample_sha256": hashlib.sha256(data.load_corpus().to(torch.uint8).numpy().tobytes())

@@ -1,6 +1,8 @@
 """The benchmark scripts run and write what they promise (quick sizes; timings not judged here)."""
 import json
 
+import pytest
+
 from benchmarks import bench_checkpoint
 
 
@@ -28,3 +30,32 @@ def test_compile_benchmark_writes_every_variant(tmp_path):
     assert rows["torch_checkpoint_compiled"]["graph_breaks"] == 0
     assert rows["ckpt_lab_compiled"]["graph_breaks"] >= 1      # ckpt_lab's region runs eagerly
     assert res["ckpt_lab_vs_torch_checkpoint"]["time"] > 0
+
+
+def test_losses_benchmark_writes_the_vocab_sweep(tmp_path, one_thread):
+    from benchmarks import bench_losses
+    out = tmp_path / "losses.json"
+    res = bench_losses.main(out_path=out, quick=True, threads=None)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    small, large = res["vocab"]
+    assert large["vocab"] > small["vocab"] and large["logits_bytes"] > small["logits_bytes"]
+    assert large["plain"]["peak_op"].startswith("_log_softmax_backward")
+    assert all(c["peak_bytes"] < large["plain"]["peak_bytes"] for c in large["chunked"].values())
+
+
+def test_throughput_benchmark_reads_each_budget(tmp_path, one_thread):
+    from benchmarks import bench_throughput
+    out = tmp_path / "throughput.json"
+    res = bench_throughput.main(out_path=out, quick=True, threads=None)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    assert [c["budget"] for c in res["cases"]] == ["roomy", "tight"]
+    for case in res["cases"]:
+        rows, read = case["rows"], case["reading"]
+        fitting = [r for r in rows if r["fits"]]
+        assert {r["policy"] for r in fitting} >= {"none", "every"}
+        assert all(r["peak_bytes"] <= case["budget_bytes"] for r in fitting)
+        assert read["checkpointed_micro_batch"] > read["plain_micro_batch"]
+        # the three ratios are measured on the same rows: checkpointed/plain = gain / cost
+        assert read["checkpointed_over_plain"] == pytest.approx(
+            read["larger_micro_batch_gain"] / read["recompute_cost"])
+        assert len({r["step_flops"] for r in rows if r["policy"] == "none"}) == 1

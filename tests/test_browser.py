@@ -141,7 +141,7 @@ def test_missing_chromium_skips_locally_and_fails_in_ci(monkeypatch, ci, outcome
 
 def test_widget_lessons_are_found_by_their_imports(tmp_path):
     cells = {"magic_only": ['%pip install --quiet "ipywidgets>=8,<9"'],
-             "ours": ["from ckpt_lab import plots, widgets\nwidgets.segments_explorer()"],
+             "ours": ["from ckpt_lab.lessons import plots, widgets\nwidgets.segments_explorer()"],
              "plain": ["import ipywidgets as W\nW.IntSlider()"],
              "interact": ["from ipywidgets import interact\ninteract(print, x=3)"],
              "none": ["print('no widgets here')"]}

@@ -1,5 +1,6 @@
-"""checkpoint_modules on Hugging Face models (built from configs, nothing downloaded) against
-plain autograd and the model's own switch; the cache and the reentrant trap, measured."""
+"""Hugging Face models (built from configs, nothing downloaded): their own checkpointing switch
+against plain autograd and `checkpoint_modules`, a plan over their layers, the cache and the
+reentrant trap, measured."""
 import os
 import warnings
 
@@ -9,10 +10,12 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from ckpt_lab import checkpoint_modules, hf  # noqa: E402
-from ckpt_lab.modules import profile_modules  # noqa: E402
+from ckpt_lab import checkpoint_modules  # noqa: E402
+from ckpt_lab.lessons import hf  # noqa: E402
+from ckpt_lab.modules import plan_modules, profile_modules  # noqa: E402
 
 IDS = hf.token_batch(2, 64, 256)
+NO_REENTRANT = {"use_reentrant": False}
 
 
 @pytest.fixture(autouse=True)
@@ -25,15 +28,18 @@ def _quiet(one_thread):
     transformers.logging.set_verbosity(verbosity)
 
 
+def _step(model):
+    return lambda: model(input_ids=IDS, labels=IDS, use_cache=False)
+
+
 @pytest.mark.parametrize("kind", hf.KINDS)
 def test_checkpoint_modules_matches_plain_and_the_models_own_switch(kind):
     model = hf.tiny_model(kind)
     keys = list(model.state_dict())
     plain = hf.train_step(model, IDS)
-    name = hf.enable_checkpointing(model, use_reentrant=False)
-    assert name in ("activation_checkpointing_enable", "gradient_checkpointing_enable")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=NO_REENTRANT)
     own = hf.train_step(model, IDS)
-    hf.disable_checkpointing(model)
+    model.activation_checkpointing_disable()
     handle = checkpoint_modules(model, hf.block_class(model))
     assert len(handle.names) == model.config.num_hidden_layers
     ours = hf.train_step(model, IDS)
@@ -46,14 +52,26 @@ def test_checkpoint_modules_matches_plain_and_the_models_own_switch(kind):
     assert hf.same_grads(plain, again) and again.kept_bytes == plain.kept_bytes
 
 
+def test_the_deprecated_name_still_turns_the_same_switch():
+    """transformers 5 renamed gradient_checkpointing_enable; the old name warns and does the same."""
+    model = hf.tiny_model("llama")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=NO_REENTRANT)
+    new = hf.train_step(model, IDS)
+    model.activation_checkpointing_disable()
+    with pytest.warns(FutureWarning, match="activation_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NO_REENTRANT)
+    old = hf.train_step(model, IDS)
+    assert hf.same_grads(new, old) and new.kept_bytes == old.kept_bytes
+
+
 def test_every_nth_layer_switch_equals_a_predicate_and_the_profile_predicts_it():
     model = hf.tiny_model("llama")
     plain = hf.train_step(model, IDS)
-    prof = profile_modules(model, hf.block_class(model),
-                           lambda: model(input_ids=IDS, labels=IDS, use_cache=False))
-    hf.enable_checkpointing(model, every_n_layers=2)
+    prof = profile_modules(model, hf.block_class(model), _step(model))
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=NO_REENTRANT,
+                                          every_n_layers=2)
     own = hf.train_step(model, IDS)
-    hf.disable_checkpointing(model)
+    model.activation_checkpointing_disable()
     cls = hf.block_class(model)
     every_2nd = lambda n, m: isinstance(m, cls) and int(n.rsplit(".", 1)[1]) % 2 == 0  # noqa: E731
     with checkpoint_modules(model, every_2nd) as handle:
@@ -65,6 +83,21 @@ def test_every_nth_layer_switch_equals_a_predicate_and_the_profile_predicts_it()
     assert prof.shared_args_bytes == 64 * 8     # position_ids, (1, T) int64, kept as an input
 
 
+def test_a_plan_over_the_layers_peaks_where_it_predicts_and_frees_what_the_profile_predicts():
+    model = hf.tiny_model("gpt2")
+    plain = hf.train_step(model, IDS)
+    prof = profile_modules(model, hf.block_class(model), _step(model))
+    model.zero_grad(set_to_none=True)             # as train_step starts: the step allocates gradients
+    budget = int(0.7 * plain.peak_bytes)          # a budget is the step's peak (tensor bytes)
+    plan = plan_modules(model, hf.block_class(model), _step(model), budget)
+    assert plan.peak_bytes <= budget and 0 < len(plan.names) < len(prof.blocks)
+    with checkpoint_modules(model, plan.select):
+        planned = hf.train_step(model, IDS)
+    assert planned.peak_bytes == plan.peak_bytes <= budget
+    assert plain.kept_bytes - planned.kept_bytes == prof.checkpoint_saving_bytes(plan.names)
+    assert hf.same_grads(plain, planned)                # GPT-2's dropout included
+
+
 @pytest.mark.parametrize("kind", hf.KINDS)
 def test_the_cache_pins_keys_and_values_and_the_recompute_writes_it_again(kind):
     model = hf.tiny_model(kind)
@@ -72,6 +105,9 @@ def test_the_cache_pins_keys_and_values_and_the_recompute_writes_it_again(kind):
     assert c.checkpointed_on - c.checkpointed_off == hf.kv_cache_bytes(model.config, 2, 64)
     assert c.plain_on - c.plain_off < hf.kv_cache_bytes(model.config, 2, 64)
     assert (c.tokens_after_forward, c.tokens_after_backward) == (64, 128)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=NO_REENTRANT)
+    assert model(input_ids=IDS, labels=IDS, use_cache=True).past_key_values is None
+    model.activation_checkpointing_disable()
     with checkpoint_modules(model, hf.block_class(model)):
         with pytest.raises(ValueError, match="use_cache=False"):
             model(input_ids=IDS, labels=IDS, use_cache=True)
@@ -79,43 +115,61 @@ def test_the_cache_pins_keys_and_values_and_the_recompute_writes_it_again(kind):
             model(input_ids=IDS, use_cache=True)
 
 
+def _lora_step(model, reference):
+    """Adapters with a gradient, whether all gradients equal the reference's, the error."""
+    try:
+        step = hf.train_step(model, IDS)
+    except (RuntimeError, ValueError) as err:
+        return 0, False, str(err)
+    return hf.trainable_with_grad(model), hf.same_grads(reference, step), ""
+
+
 def test_reentrant_trap_with_frozen_inputs():
     model = hf.tiny_model("llama")
     trainable = hf.add_lora(model)
     assert len(trainable) == 4 * model.config.num_hidden_layers      # A and B, q and v
-    results = {r.setting: r for r in hf.reentrant_trap(model, IDS)}
-    assert "does not require grad" in results["reentrant, every layer"].error
-    half = results["reentrant, every 2nd layer"]
-    assert half.error is None and half.adapters_with_grad == half.adapters - 4   # layer 0's
-    assert not half.same_as_plain
-    for ok in ("reentrant + enable_input_require_grads", "non-reentrant (use_reentrant=False)",
-               "checkpoint_modules, impl='hooks'"):
-        assert results[ok].same_as_plain and results[ok].adapters_with_grad == 16, ok
+    adapters = len(trainable)
+    reference = hf.train_step(model, IDS)
+
+    def switch(reentrant, every=1, input_grads=False):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": reentrant}, every_n_layers=every)
+        if not input_grads:                  # transformers 5 turns it on; the trap is without it
+            model.disable_input_require_grads()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = _lora_step(model, reference)
+        model.activation_checkpointing_disable()
+        model.disable_input_require_grads()
+        return out
+
+    assert "does not require grad" in switch(True)[2]
+    assert switch(True, every=2) == (adapters - 4, False, "")        # layer 0's, silently
+    assert switch(True, input_grads=True) == (adapters, True, "")
+    assert switch(False) == (adapters, True, "")
     # ckpt_lab's reentrant node takes the parameters its forward read as inputs: no trap
-    ours = results["checkpoint_modules, impl='reentrant'"]
-    assert ours.error is None and ours.same_as_plain and ours.adapters_with_grad == 16
-    # making the embedding output require grad costs its gradient: B x T x hidden floats
-    extra = (results["reentrant + enable_input_require_grads"].peak_bytes
-             - results["non-reentrant (use_reentrant=False)"].peak_bytes)
-    assert extra == hf.block_input_bytes(model, 2, 64)
+    with checkpoint_modules(model, hf.block_class(model), impl="reentrant"):
+        assert _lora_step(model, reference) == (adapters, True, "")
+    with checkpoint_modules(model, hf.block_class(model)):
+        assert _lora_step(model, reference) == (adapters, True, "")
+
+
+def test_making_the_embedding_output_require_grad_costs_its_gradient():
+    model = hf.tiny_model("llama")
+    hf.add_lora(model)
+    peaks = {}
+    for reentrant in (True, False):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": reentrant})
+        if not reentrant:
+            model.disable_input_require_grads()
+        peaks[reentrant] = hf.train_step(model, IDS).peak_bytes
+        model.activation_checkpointing_disable()
+        model.disable_input_require_grads()
+    # the embedding output's gradient: B x T x hidden floats
+    assert peaks[True] - peaks[False] == 2 * 64 * model.config.hidden_size * 4
 
 
 def test_unknown_kind():
     with pytest.raises(ValueError, match="kind"):
         hf.tiny_model("bert")
-
-
-def test_lesson_11_exercises_right_wrong_and_unanswered(capsys):
-    from ckpt_lab import exercises
-    assert exercises.keys(11) == ["11.kv_cache_mib", "11.trap_adapters", "11.compiled_kept_mib"]
-    # worked out independently: 2 (K, V) x 8 layers x 4 x 1024 tokens x 2 KV heads x 64 x 2 bytes
-    right_wrong = {"11.kv_cache_mib": (2 * 8 * 4 * 1024 * 2 * 64 * 2 / 2 ** 20, 64),
-                   "11.trap_adapters": (24 - 4, 24),
-                   "11.compiled_kept_mib": (2 * 8 * 512 * 256 * 4 / 2 ** 20, 4)}
-    for key, (right, wrong) in right_wrong.items():
-        assert exercises.check(key, right) is True
-        assert exercises.check(key, wrong) is False
-        assert exercises.check(key, None) is False
-        assert exercises.check(key, "many") is False
-    out = capsys.readouterr().out
-    assert out.count("✓") == 3 and out.count("not answered yet") == 3

@@ -1,13 +1,14 @@
-"""Lessons 6 and 10: the step model predicts every measured plan, and their exercises
-accept answers worked out independently (brute force, PyTorch) and reject wrong ones."""
+"""Lesson 6 (and lesson 10's chains): the step model predicts every measured plan, and lesson 6's
+exercises accept answers worked out independently (brute force) and reject wrong ones. Lesson
+10's exercises are in test_exercises_10.py."""
 import itertools
 
 import pytest
 import torch
 from torch import nn
 
-from ckpt_lab import exercises, memory, planner, profile_layers, widgets
-from ckpt_lab.checkpoint import checkpoint
+from ckpt_lab import memory, planner, profile, profile_layers
+from ckpt_lab.lessons import exercises, widgets
 
 from chains import shrinking_convnet
 
@@ -38,14 +39,14 @@ def test_backward_work_counts_the_gradients_of_a_linear():
     torch.manual_seed(0)
     lin = nn.Linear(8, 32)
     x = torch.randn(16, 8)
-    work = memory.backward_work_bytes([lin, nn.Tanh()], x)[0]
+    work = profile.backward_work_bytes([lin, nn.Tanh()], x)[0]
     # the gradient arriving (16 x 32, from Tanh), the input gradient (16 x 8), the weight and
     # bias gradients computed into fresh tensors before being added to .grad
     expected = (16 * 32 + 16 * 8 + 32 * 8 + 32) * 4
     assert expected - 32 * 4 <= work <= expected
     # the last layer's gradient arrives from .float().sum(): one scalar, expanded (4 bytes),
     # and the loss itself (4 bytes) is alive too
-    last = memory.backward_work_bytes([lin], x)[0]
+    last = profile.backward_work_bytes([lin], x)[0]
     assert last == expected - 16 * 32 * 4 + 4 + 4
 
 
@@ -62,12 +63,6 @@ def _brute_force_min_recompute(act, out, budget):
     return best
 
 
-def _brute_force_least_budget(act, out):
-    return min(max(sum(out[a - 1] for a in plan[:j] if a) + sum(act[a:b])
-                   for j, (a, b) in enumerate(zip(plan, plan[1:] + [len(act)])))
-               for plan in _all_plans(len(act)))
-
-
 def _bisect(n):
     """(peak units, recomputed layers) of recursive bisection, written out independently."""
     if n == 1:
@@ -79,38 +74,22 @@ def _bisect(n):
 
 def _measured_plan_for_budget():
     """The fitting plan of least recompute, found by measuring plans in order of last start."""
-    layers, x, budget = exercises.budget_chain()
+    layers, x, budget = exercises.lesson06.budget_chain()
     for plan in sorted(_all_plans(len(layers)), key=lambda p: p[-1]):
         if widgets.measure_plan_peak(layers, x, plan) <= budget:
             return plan
 
 
-def _rng_by_torch():
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 1))
-    x = torch.randn(16, 8, requires_grad=True)
-    grads = []
-    for run in (lambda: m(x), lambda: torch.utils.checkpoint.checkpoint(
-            m, x, use_reentrant=False, preserve_rng_state=False)):
-        m.zero_grad()
-        torch.manual_seed(1)
-        run().sum().backward()
-        grads.append(m[0].weight.grad.clone())
-    return not torch.equal(*grads)
-
-
-A, O = exercises.SHRINKING_ACT, exercises.SHRINKING_OUT
+A, O = exercises.lesson06.SHRINKING_ACT, exercises.lesson06.SHRINKING_OUT
 RIGHT_WRONG = {
     "06.plan_recompute": (_brute_force_min_recompute(A, O, 14), len(A)),
     "06.plan_for_budget": (_measured_plan_for_budget(), [0]),
     "06.bisection_peak": (_bisect(64)[0], 15),
-    "10.minimum_budget": (_brute_force_least_budget(A, O), sum(A)),
-    "10.rng_replay": (_rng_by_torch(), not _rng_by_torch()),
 }
 
 
-def test_lessons_6_and_10_exercises_are_all_covered():
-    assert set(RIGHT_WRONG) == set(exercises.keys(6)) | set(exercises.keys(10))
+def test_lesson_6_exercises_are_all_covered():
+    assert set(RIGHT_WRONG) == set(exercises.keys(6))
 
 
 @pytest.mark.parametrize("key", sorted(RIGHT_WRONG))
@@ -122,17 +101,3 @@ def test_right_answer_passes_wrong_one_gets_a_hint(key, capsys):
     assert exercises.check(key, "nonsense") is False
     out = capsys.readouterr().out
     assert "✓" in out and "✗" in out and "not answered yet" in out
-
-
-def test_rng_replay_is_true_and_checkpoint_with_replay_is_exact():
-    assert exercises.rng_matters_for_dropout() is True
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 1))
-    x = torch.randn(16, 8, requires_grad=True)
-    grads = []
-    for run in (lambda: m(x), lambda: checkpoint(m, x)):
-        m.zero_grad()
-        torch.manual_seed(1)
-        run().sum().backward()
-        grads.append(m[0].weight.grad.clone())
-    assert torch.equal(*grads)

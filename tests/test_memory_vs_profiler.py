@@ -20,6 +20,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from ckpt_lab import checkpoint, track_memory
+from ckpt_lab.allocator import profiled_memory
 from ckpt_lab.data import TextBatches, load_corpus
 from ckpt_lab.models import build_model, get_config
 
@@ -203,3 +204,199 @@ def test_the_differences_are_the_ones_the_docstring_names(one_thread):
     run()
     mem, events = allocator_events(run)
     assert unseen_bytes(events, classify(events), "outside ATen ops") == [RNG_STATE_BYTES] * 2
+
+
+# ------------------------------------------------ track_memory(allocator=True) against the replay
+def course_step(preset: str, policy: str = "none", batch: int = 4):
+    """One forward + backward of a course model (gradients allocated before, as in lesson 7)."""
+    cfg = get_config(preset, **({"dropout": 0.0} if preset.startswith("gpt") else {}))
+    torch.manual_seed(0)
+    m = build_model(cfg, policy).train()
+    if preset.startswith("resnet"):
+        x = torch.randn(batch, cfg.in_channels, cfg.image_size, cfg.image_size)
+        y = torch.randint(0, cfg.num_classes, (batch,))
+    else:
+        x, y = TextBatches(load_corpus(), batch, cfg.block_size, seed=0).get(0)
+    for p in m.parameters():
+        p.grad = torch.zeros_like(p)
+    return lambda: m(x, y).backward()
+
+
+ALLOCATOR_WORKLOADS = {
+    "course MLP chain": lambda: course_step("mlp-tiny"),
+    "GPT": lambda: course_step("gpt-tiny"),
+    "conv net with BatchNorm (ResNet)": lambda: course_step("resnet-tiny"),
+    "GPT, every block checkpointed": lambda: course_step("gpt-tiny", "every"),
+    "ResNet, every block checkpointed": lambda: course_step("resnet-tiny", "every"),
+    "checkpointed MLP with dropout": checkpointed_dropout_step,
+}
+
+
+def run_tracked(run, **options):
+    with track_memory(**options) as mem:
+        run()
+    return mem
+
+
+@pytest.mark.parametrize("name", list(ALLOCATOR_WORKLOADS))
+def test_allocator_peak_equals_the_profilers_replay_and_leaves_the_tracker_alone(name, one_thread):
+    run = ALLOCATOR_WORKLOADS[name]()
+    run()                                        # warm-up
+    plain = run_tracked(run)
+    mem = run_tracked(run, allocator=True)
+    replayed = profiled_memory(run)              # the profiler alone, no dispatch mode
+    raw_peak, _ = replay(allocator_events(run)[1])  # every event as reported, this file's replay
+    print(f"\n{name}: tracker peak {mem.peak_bytes:,} B, allocator_peak_bytes "
+          f"{mem.allocator_peak_bytes:,} B, the profiler's own replay {replayed.peak_bytes:,} B "
+          f"(x{mem.allocator_peak_bytes / mem.peak_bytes:.3f} the tracker); largest transients: "
+          + ", ".join(f"{p.op} {p.transient_bytes:,} B" for p in mem.transients(3)))
+    # the tracker counts exactly what it counts without the profiler, op by op
+    assert mem.peak_bytes == plain.peak_bytes and mem.current_bytes == plain.current_bytes
+    assert [(p.op, p.live_bytes, p.phase) for p in mem.timeline] == \
+        [(p.op, p.live_bytes, p.phase) for p in plain.timeline]
+    # and the allocator's peak is the one the profiler sees without the tracker, within 1%
+    assert mem.allocator_peak_bytes == pytest.approx(replayed.peak_bytes, rel=0.01)
+    assert mem.allocator_peak_bytes == pytest.approx(raw_peak, rel=0.01)
+    assert mem.allocator_peak_bytes >= mem.peak_bytes
+    assert mem.allocator_peak_bytes_by_device == {"cpu": mem.allocator_peak_bytes}
+    # every point has its allocator level; no op holds the allocator above its peak
+    assert all(p.allocator_bytes is not None and p.transient_bytes >= 0 for p in mem.timeline)
+    assert max(p.allocator_bytes + p.transient_bytes for p in mem.timeline) \
+        <= mem.allocator_peak_bytes
+
+
+def op_transients_from_the_event_tree(run):
+    """(op, transient bytes) of every op the tracker saw that held memory only while it ran,
+    found without ckpt_lab's markers: the allocation events under each op in the profiler's
+    tree (`seen_op`), their high-water mark above their sum."""
+    mem, events = allocator_events(run)
+    ops = {}
+    for n in events:
+        op = seen_op(n)
+        if op is not None:
+            ops.setdefault((op.start_time_ns, op.name), []).append(n.extra_fields.alloc_size)
+    out = []
+    for (_, name), sizes in sorted(ops.items()):
+        level = high = 0
+        for nbytes in sizes:
+            level += nbytes
+            high = max(high, level)
+        if high > level:
+            out.append((name[len("aten::"):], high - level))
+    return out
+
+
+def test_each_ops_transient_bytes_match_its_own_events_in_the_profilers_tree(one_thread):
+    run = course_step("resnet-tiny")
+    run()
+    mem = run_tracked(run, allocator=True)
+    ours = [(p.op.split(".")[0], p.transient_bytes) for p in mem.timeline if p.transient_bytes]
+    assert ours == op_transients_from_the_event_tree(run)
+    assert len(ours) >= 10
+
+
+def test_the_conv_nets_gap_is_convolution_backwards_buffers(one_thread):
+    """The allocator's peak sits inside a convolution backward: the tracked bytes then, plus
+    what that op allocated and freed inside itself."""
+    run = course_step("resnet-tiny")
+    run()
+    mem = run_tracked(run, allocator=True)
+    top = mem.transients(5)
+    at_peak = mem.allocator_peak_point()
+    print(f"\nconv net: tracker {mem.peak_bytes:,} B, allocator {mem.allocator_peak_bytes:,} B "
+          f"(+{mem.allocator_peak_bytes / mem.peak_bytes - 1:.0%}); the allocator peaks in "
+          f"{at_peak.op} ({at_peak.phase}, op {at_peak.step}): {at_peak.live_bytes:,} B tracked "
+          f"+ {at_peak.transient_bytes:,} B held inside it. Top transients: "
+          + "; ".join(f"{p.op} ({p.phase}) {p.transient_bytes:,} B" for p in top))
+    assert [p.op for p in top] == ["convolution_backward.default"] * 5
+    assert at_peak.op == "convolution_backward.default" and at_peak.phase == "backward"
+    assert at_peak.allocator_bytes + at_peak.transient_bytes == mem.allocator_peak_bytes
+    assert mem.allocator_peak_bytes - mem.peak_bytes > 0.1 * mem.peak_bytes
+    assert mem.peak_with_transients() == mem.allocator_peak_bytes
+    assert [p.transient_bytes for p in top] == sorted((p.transient_bytes for p in top),
+                                                      reverse=True)
+
+
+def test_allocator_mode_refuses_a_second_profiler_and_nests_plain_trackers(one_thread):
+    with track_memory(allocator=True) as outer:
+        a = torch.ones(1000)
+        with track_memory() as inner:          # a plain tracker inside: fine
+            b = torch.ones(500)
+        with pytest.raises(RuntimeError, match="only one runs at a time"):
+            with track_memory(allocator=True):
+                pass
+        del a, b
+    assert inner.peak_bytes == 2000 and outer.peak_bytes == 6000
+    assert outer.allocator_peak_bytes == 6000
+    with profile(activities=[ProfilerActivity.CPU]):
+        with pytest.raises(RuntimeError, match="already recording"):
+            with track_memory(allocator=True):
+                pass
+    with pytest.raises(ValueError, match="allocator=True"):
+        inner.transients()
+
+
+def test_a_resize_holds_both_storages_for_a_moment():
+    # growing a storage allocates the new one, copies, then frees the old: for that moment
+    # the allocator holds both, which the tracker (counting what is left) does not see
+    with track_memory(allocator=True) as mem:
+        c = torch.empty(1000)
+        c.resize_(3000)
+    (point,) = [p for p in mem.timeline if p.op.startswith("resize_")]
+    assert point.live_bytes == point.allocator_bytes == 12000
+    assert point.transient_bytes == 4000
+    assert mem.allocator_peak_bytes == 16000 and mem.peak_bytes == 12000
+    del c
+
+
+def test_a_free_of_a_block_allocated_before_the_block_is_left_out():
+    # The CPU allocator reports such a free with no size, or with the stale size of an earlier
+    # profiled block at the same address; the replay leaves it out, as the tracker does.
+    before = torch.empty(1000)
+    with track_memory(allocator=True) as mem:
+        before.resize_(3000)
+    (point,) = mem.timeline
+    assert point.live_bytes == 8000                # the growth
+    assert point.allocator_bytes == 12000          # the new block; the old one's free left out
+    assert point.transient_bytes == 0 and mem.allocator_peak_bytes == 12000
+    del before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_allocator_peak_and_op_levels_match_torch_cuda_statistics():
+    """On CUDA the profiler's events carry the caching allocator's rounded blocks: their
+    replay must equal memory_allocated / max_memory_allocated read at every op boundary."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class StatsAtOps(TorchDispatchMode):
+        def __init__(self, start):
+            super().__init__()
+            self.start, self.rows = start, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            torch.cuda.reset_peak_memory_stats()
+            out = func(*args, **(kwargs or {}))
+            after = torch.cuda.memory_allocated() - self.start
+            high = torch.cuda.max_memory_allocated() - self.start
+            self.rows.append((func.__name__, after, high - after))
+            return out
+
+    torch.manual_seed(0)
+    w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    x = torch.randn(64, 1024, device="cuda")
+
+    def step():
+        (x @ w).softmax(-1).sum().backward()
+        w.grad = None
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    with track_memory(allocator=True) as mem:
+        step()
+    assert mem.allocator_peak_bytes_by_device["cuda:0"] == torch.cuda.max_memory_allocated() - start
+    stats = StatsAtOps(torch.cuda.memory_allocated())
+    with stats:
+        step()
+    ours = [(p.op, p.allocator_bytes, p.transient_bytes) for p in mem.timeline]
+    assert ours == stats.rows

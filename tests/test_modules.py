@@ -1,5 +1,6 @@
 """checkpoint_modules on real block-structured models, against plain autograd and
-torch.utils.checkpoint (the oracles); plan_modules against the planner and the measurement."""
+torch.utils.checkpoint (the oracles); profile_modules against the measurement
+(plan_modules: tests/test_plan_modules.py)."""
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
@@ -7,7 +8,7 @@ from torch import nn
 
 from ckpt_lab import checkpoint_modules, track_memory
 from ckpt_lab.models import GPT, Block, GPTConfig
-from ckpt_lab.modules import matched_modules, plan_modules, profile_modules
+from ckpt_lab.modules import matched_modules, profile_modules
 
 IMPLS = ["hooks", "reentrant"]
 
@@ -314,33 +315,6 @@ def test_matched_modules_in_call_order_and_profile():
     assert all(b.out_bytes == input_bytes for b in blocks)
     assert len({b.act_bytes for b in blocks}) == 1 and blocks[0].act_bytes > 4 * input_bytes
     assert other > 0
-
-
-def test_plan_modules_meets_its_budget_when_measured():
-    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=6, n_head=2, n_embd=32,
-                          dropout=0.0))
-    step = lambda: model(IDX, TGT)  # noqa: E731
-    blocks = profile_modules(model, Block, step).blocks
-    total = sum(b.act_bytes for b in blocks)
-    budget = total // 2
-    plan = plan_modules(model, Block, step, budget)
-    assert 0 < len(plan.names) < 6 and plan.peak_bytes <= budget
-    assert plan.names == [b.name for b in plan.blocks[:len(plan.names)]]
-    # measured: bytes alive after the forward fall by what the plan predicts
-    with track_memory() as mem:
-        loss = step()
-        plain_kept = mem.current_bytes
-    del loss
-    with checkpoint_modules(model, plan.select):
-        with track_memory() as mem:
-            loss = step()
-            kept = mem.current_bytes
-        del loss
-    n = len(plan.names)
-    predicted_saving = sum(b.act_bytes for b in plan.blocks[:n]) - n * plan.input_bytes
-    assert plain_kept - kept == predicted_saving
-    with pytest.raises(ValueError):
-        plan_modules(model, Block, step, 10)
 
 
 def test_policy_is_passed_to_checkpoint():

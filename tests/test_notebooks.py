@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ckpt_lab import course, exercises
+from ckpt_lab.lessons import course, exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
@@ -128,18 +128,19 @@ def test_no_downloads_at_run_time(path):
 def test_exercises_and_solutions(path):
     lesson = int(path.name[:2])
     keys = exercises.keys(lesson)
-    assert 2 <= len(keys) <= 3
+    assert 2 <= len(keys) <= 4          # 2-3 predictions, and at most one build task
     lesson_code = "\n".join(_code(_read(path)))
     solution = NB_DIR / "solutions" / f"{path.stem}_solutions.ipynb"
     assert solution.exists(), f"missing {solution}"
     solution_code = "\n".join(_code(_read(solution)))
     for key in keys:
-        assert f'exercises.check("{key}", ' in lesson_code
-        assert f'exercises.check("{key}", ' in solution_code
-    # unanswered in the lesson: every answer variable starts as None
+        assert (f'exercises.check("{key}", ' in lesson_code
+                or f'exercises.predict("{key}", ' in lesson_code), key
+        assert f'exercises.check("{key}", ' in solution_code, key
+    # unanswered in the lesson: every answer starts as None
     for src in _code(_read(path)):
-        if "exercises.check(" in src:
-            assert re.search(r"=\s*None", src), src
+        if "exercises.check(" in src or "exercises.predict(" in src:
+            assert re.search(r"=\s*None|,\s*None\)", src), src
 
 
 def test_tour_links_every_lesson():
@@ -165,13 +166,14 @@ def test_budget_hook_fails_a_notebook_over_budget_and_saves_the_run(tmp_path):
     nbformat.write(nb, target)
     try:
         env = dict(os.environ, CKPT_LAB_NB_BUDGET_SECONDS="0", CKPT_LAB_NB_BUDGET_JSON=str(out),
-                   CKPT_LAB_EXECUTED_DIR=str(tmp_path / "executed"))
+                   CKPT_LAB_EXECUTED_DIR=str(tmp_path / "executed"), CKPT_LAB_LESSON_FORM="all")
         proc = subprocess.run([sys.executable, "-m", "pytest", str(target), "-p", "no:cacheprovider",
                                "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     finally:
         target.unlink()
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "over its budget" in proc.stdout
+    assert "out of the lesson form" in proc.stdout and "no closing 'What you now know'" in proc.stdout
     record = json.loads(out.read_text())["zz_budget_probe.ipynb"]
     assert record["seconds"] > 0 and record["peak_rss_mib"] > 10
 
@@ -184,3 +186,49 @@ def test_budget_hook_fails_a_notebook_over_budget_and_saves_the_run(tmp_path):
     state = ran.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
     assert state[view["model_id"]]["state"]["value"] == 7      # the state after the last cell
     assert not list(NB_DIR.glob("zz_budget_probe*")) and not (NB_DIR / "executed").exists()
+
+
+# ------------------------------------------------------------------ lessons in the lesson form
+from tools import lesson_shape  # noqa: E402
+
+SHAPED = [p for p in LESSONS if p.stem in lesson_shape.SHAPED]
+
+
+def _closing(nb, heading: str) -> str:
+    cells = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    found = [s for s in cells if s.lstrip().lower().startswith(f"## {heading}")]
+    assert found, f"no '## {heading}' section"
+    return found[-1]
+
+
+@pytest.mark.parametrize("path", SHAPED, ids=_name)
+def test_shaped_lesson_prose_cells_are_short(path):
+    long = [len(c.source.split()) for c in _read(path).cells
+            if c.cell_type == "markdown" and len(c.source.split()) > lesson_shape.MAX_PROSE_WORDS]
+    assert not long, f"prose cells over {lesson_shape.MAX_PROSE_WORDS} words: {long}"
+
+
+@pytest.mark.parametrize("path", SHAPED, ids=_name)
+def test_shaped_lesson_closes_with_takeaways_and_plain_code(path):
+    nb = _read(path)
+    know = _closing(nb, "what you now know")
+    bullets = [l for l in know.splitlines() if l.lstrip().startswith(("- ", "* "))]
+    assert 3 <= len(bullets) <= 5, f"'What you now know' has {len(bullets)} bullets (3-5)"
+    code = re.search(r"```python\n(.*?)```", _closing(nb, "in your code"), re.S)
+    assert code, "'In your code' shows its lines in a ```python block"
+    lines = [l for l in code.group(1).splitlines() if l.strip()]
+    assert len(lines) <= 12 and "ckpt_lab" not in code.group(1), \
+        "'In your code' is at most 12 lines of plain PyTorch / Hugging Face, no ckpt_lab"
+
+
+@pytest.mark.parametrize("path", SHAPED, ids=_name)
+def test_shaped_lesson_exercises_are_committed_predictions(path):
+    """Two or three predictions, each revealed later; every one a registered exercise."""
+    source = "\n".join(_code(_read(path)))
+    keys = re.findall(r"(\w+)\s*=\s*exercises\.predict\(\s*[\"'](\d\d\.\w+)[\"']", source)
+    assert 2 <= len(keys) <= 3, f"{len(keys)} predictions (2-3 per lesson)"
+    for var, key in keys:
+        assert key in exercises.EXERCISES and key.startswith(path.stem[:2] + ".")
+        assert re.search(rf"\b{var}\.reveal\(\)", source), f"{key} is never revealed"
+        assert exercises.EXERCISES[key].expected is not None, \
+            f"{key} declares no expected(): the answer-on-screen rule cannot check it"

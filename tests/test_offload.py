@@ -9,7 +9,7 @@ from torch import nn
 
 from ckpt_lab import OffloadStats, checkpoint_sequential, offload, offload_activations, \
     track_memory
-from ckpt_lab.course import dropout_mask_bytes
+from ckpt_lab.lessons.course import dropout_mask_bytes
 from ckpt_lab.offload import PCIE4_X16_BYTES_PER_S
 
 BATCH, WIDTH, HIDDEN = 8, 16, 64

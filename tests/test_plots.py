@@ -3,14 +3,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ckpt_lab import checkpoint_sequential, plots, track_memory  # noqa: E402
+from ckpt_lab import checkpoint_sequential, track_memory
+from ckpt_lab.lessons import plots  # noqa: E402
 
 
-def test_timeline_run_lines_never_share_a_phase_colour():
+def _two_runs():
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(6)])
     logs = {}
@@ -18,18 +20,77 @@ def test_timeline_run_lines_never_share_a_phase_colour():
         with track_memory() as mem:
             checkpoint_sequential(model, torch.randn(8, 16), segments=k).sum().backward()
         logs[f"{k} segments"] = mem
-    ax = plots.timeline(logs).axes[0]
-    phase = {to_rgba(c) for c in plots.PHASE_COLORS.values()}
-    lines = [l for l in ax.get_lines() if "segments" in l.get_label()]
-    assert len(lines) == 2 and not {to_rgba(l.get_color()) for l in lines} & phase
-    assert [max(l.get_ydata()) * plots.MIB for l in lines] == [m.peak_bytes for m in logs.values()]
-    assert "recompute ops (shaded)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    return logs
+
+
+def test_timeline_gives_each_run_a_panel_and_each_phase_one_colour_and_one_legend_entry():
+    logs = _two_runs()
+    fig = plots.timeline(logs, levels={"a level": 1000})
+    axes = fig.axes
+    assert len(axes) == 2 and [a.get_title().split(" (peak")[0] for a in axes] == list(logs)
+    phase = {to_rgba(c): name for name, c in plots.PHASE_COLORS.items()}
+    for a, log in zip(axes, logs.values()):
+        drawn = [l for l in a.get_lines() if l.get_label() in plots.PHASE_COLORS]
+        assert all(phase[to_rgba(l.get_color())] == l.get_label() for l in drawn)
+        peak = [l for l in a.get_lines() if l.get_label() == "peak"]
+        assert len(peak) == 1 and peak[0].get_ydata()[0] * plots.MIB == log.peak_bytes
+        assert len(a.patches) == len(plots.phase_spans(log))   # one shaded band per recompute
+    labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert len(labels) == len(set(labels))                    # one entry per series
+    assert labels[:3] == ["forward", "recompute", "backward"] and "a level" in labels
+    assert axes[1].get_legend() is None
     spans = plots.phase_spans(logs["3 segments"])
     assert len(spans) == 2 and plots.phase_spans(logs["1 segments"]) == []
-    assert len(ax.patches) == 2                      # one shaded band per recomputed segment
-    for first, last in spans:                        # each band is a tooth: memory climbs in it
+    for first, last in spans:                                  # each band is a tooth: memory climbs in it
         live = {p.step: p.live_bytes for p in logs["3 segments"].timeline}
         assert max(live[s] for s in range(first, last + 1)) > live[first - 1]
+
+
+def test_timeline_draws_into_one_axes_per_run_and_refuses_a_mismatch():
+    import matplotlib.pyplot as plt
+    logs = _two_runs()
+    fig, axes = plt.subplots(1, 2)
+    assert plots.timeline(logs, ax=list(axes)) is fig
+    with pytest.raises(ValueError, match="one run per Axes"):
+        plots.timeline(logs, ax=axes[0])
+
+
+def test_no_figure_of_lessons_0_to_3_uses_a_phase_colour_for_anything_else():
+    orange = to_rgba(plots.PHASE_COLORS["recompute"])
+    fig = plots.measured_vs_predicted([1, 2], [plots.MIB, 2 * plots.MIB], [plots.MIB, 2 * plots.MIB], "x", "t")
+    assert orange not in {to_rgba(l.get_color()) for l in fig.axes[0].get_lines()}
+    fig = plots.stacked({"a": {"parameters": 1, "gradients": 2, "optimizer states": 3,
+                               "activations": 4, "master copy": 5, "something else": 6}})
+    colours = {to_rgba(p.get_facecolor()) for p in fig.axes[0].patches}
+    assert orange not in colours
+    assert to_rgba(plots.PHASE_COLORS["backward"]) == to_rgba(plots.PART_COLORS["gradients"])
+    fig = plots.grouped_bars({"peak": {"run": 0.7}, "FLOPs": {"run": 1.2}, "time": {"H200": 1.3}},
+                             "ratio", "t", scale=1, reference=1.0, values=True)
+    assert orange not in {to_rgba(p.get_facecolor()) for p in fig.axes[0].patches}
+
+
+def test_verdict_grid_takes_any_number_of_cases_and_outlines_guesses():
+    table = {f"case {i}": {"plain": "right", "torch": ["right", "WRONG, silently",
+                                                         "refuses (RuntimeError)"][i % 3]}
+             for i in range(9)}
+    fig = plots.verdict_grid(table, guesses={"case 0": "right", "case 1": "right"},
+                             guess_column="torch")
+    ax = fig.axes[0]
+    filled = [p for p in ax.patches if p.get_fill()]
+    outlined = [p for p in ax.patches if not p.get_fill()]
+    assert len(filled) == 18 and len(outlined) == 2
+    assert [p.get_linestyle() for p in outlined] == ["-", "--"]   # a hit, then a miss
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(table)
+    assert to_rgba(filled[3].get_facecolor()) == to_rgba(plots.VERDICT_COLORS["WRONG, silently"])
+    with pytest.raises(ValueError, match="starts with one of"):
+        plots.verdict_of("maybe")
+
+
+def test_bars_draw_measured_bars_predicted_ticks_and_a_guess():
+    fig = plots.bars(["a", "b"], [3.0, 1.0], "x input", "t", predicted=[3.0, 1.0], guess={"a": 2.0})
+    ax = fig.axes[0]
+    assert [p.get_height() for p in ax.patches] == [3.0, 1.0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["predicted", "your guess", "measured"]
 
 
 def test_measured_vs_predicted_series_can_be_told_apart():

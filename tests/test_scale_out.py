@@ -1,10 +1,13 @@
 """Lesson 12 on two real processes (gloo): DDP, FSDP2 and pipeline stages give the losses and
 gradients of one process on the same global batch, and each rank's bytes match
 `parallel_formulas`. One launch per engine keeps the file fast."""
+import time
+
 import pytest
 import torch
 
-from ckpt_lab import distributed, formulas, parallel_formulas as pf, scale_out
+from ckpt_lab import distributed, formulas, parallel_formulas as pf
+from ckpt_lab.lessons import scale_out
 from ckpt_lab.data import TextBatches, load_corpus
 from ckpt_lab.models import build_model, get_config
 
@@ -68,6 +71,18 @@ def test_ddp_per_rank_bytes_match_the_formulas(ddp):
         assert plain["rss_bytes"] < 2 ** 30
 
 
+def test_one_process_and_a_ddp_rank_split_into_the_same_bands(ddp, batch):
+    x, y = batch
+    one = scale_out.bands(scale_out.one_process(CFG, x, y))
+    rank = scale_out.bands(ddp[0][0])
+    assert list(one) == list(rank) == list(scale_out.BANDS)
+    for part in ("weights", "gradients", "Adam"):
+        assert one[part] == rank[part]                      # DDP copies the state
+    assert one["buckets"] == 0 and rank["buckets"] == rank["gradients"]
+    assert one["activations & buffers"] == _act_peak("none", BATCH)
+    assert rank["activations & buffers"] == _act_peak("none", BATCH // WORLD)
+
+
 def test_reentrant_checkpoint_pitfalls_under_ddp(ddp):
     rows = {r["case"]: r for r in ddp[0][2]}
     bad = rows["reentrant, find_unused_parameters=True"]
@@ -124,6 +139,11 @@ def test_fsdp_per_rank_peak_matches_the_formula(fsdp):
         assert rank["ckpt_lab", "layers"]["all_gathers"] == rank["none", "layers"]["all_gathers"]
         root = rank["none", "root"]
         assert root["gathered_peak_bytes"] == 4 * sum(numels)      # one unit: the whole model
+        assert root["unit_bytes"] == [4 * sum(numels)]
+        bands = scale_out.bands(rank["none", "layers"])
+        assert bands["buckets"] == 0
+        assert bands["gathered weights"] + bands["activations & buffers"] == \
+            rank["none", "layers"]["peak_bytes"]
 
 
 @pytest.fixture(scope="module")
@@ -168,11 +188,55 @@ def test_pipeline_stash_and_peaks_match_the_formulas(pipe):
             assert run["stash_bytes"][0] == stash
             predicted = pf.pipeline_peak_bytes(stage[2]["peak_bytes"], stash, run["in_flight"])
             assert 0.95 <= run["peak_bytes"] / predicted <= 1.05, (r, kind)
+        for case in (0, 1):                  # live bytes after each operation of the schedule
+            run = stage[case]
+            assert len(run["live_bytes"]) == 2 * M and run["live_bytes"][-1] == 0
+            assert max(run["live_bytes"]) <= run["peak_bytes"]
         # a checkpoint segment crossing the stage boundary is cut there
         crossing, aligned = stage[4]["spans"], stage[3]["spans"]
         assert crossing == aligned
         assert stage[4]["stash_bytes"][0] == pf.stage_stash_bytes(
             layers, crossing, rows * CFG.block_size, CFG.vocab_size, last)
+
+
+@pytest.mark.parametrize("rows, m", [(5, 4), (6, 4), (3, 4), (4, 3)])
+def test_pipeline_refuses_a_batch_the_micro_batches_do_not_divide_before_any_work(rows, m):
+    # torch.chunk(5 rows, 4) makes 3 micro-batches (an IndexError at the 4th), (6, 4) makes
+    # 2,2,2 (ditto), (4, 3) makes 2,2 and (3, 4) 1,1,1. Checked before the process group is
+    # touched: this test starts no process.
+    x, y = TextBatches(load_corpus(), 6, CFG.block_size).get(0)
+    with pytest.raises(ValueError, match=f"{rows} rows does not split into {m} equal "
+                                         "micro-batches") as info:
+        scale_out.pipeline_step(CFG, x[:rows], y[:rows], m)
+    assert "a micro_batches that divides" in str(info.value)
+    assert "multiple of" in str(info.value)
+
+
+@pytest.mark.parametrize("args, match", [
+    (dict(micro_batches=0), "positive int"), (dict(micro_batches=2.0), "positive int"),
+    (dict(micro_batches=True), "positive int"), (dict(kind="zigzag"), "gpipe"),
+    (dict(rows_y=2), "4 rows and y has 2")])
+def test_pipeline_refuses_other_bad_arguments_up_front(batch, args, match):
+    x, y = batch
+    y = y[:args.pop("rows_y", len(y))]
+    with pytest.raises(ValueError, match=match):
+        scale_out.pipeline_step(CFG, x, y, **{"micro_batches": 2, **args})
+
+
+def test_data_parallel_steps_share_the_check(batch):
+    # DDP and FSDP split the batch over ranks: the same check, run first on every rank
+    x, y = batch
+    scale_out.check_batch(x, y, 2, "shares, one per rank", "...")
+    with pytest.raises(ValueError, match="4 rows does not split into 3 equal shares"):
+        scale_out.check_batch(x, y, 3, "shares, one per rank", "launch a world_size")
+
+
+def test_a_bad_pipeline_batch_fails_every_stage_at_once_under_launch(batch):
+    x, y = TextBatches(load_corpus(), 5, CFG.block_size).get(0)
+    start = time.monotonic()
+    with pytest.raises(distributed.RankError, match="5 rows does not split into 4 equal"):
+        distributed.launch(scale_out.pipeline_step, CFG, x, y, 4, world_size=WORLD, timeout=60)
+    assert time.monotonic() - start < 50      # no stage waited on another
 
 
 def test_megatron_tensor_parallel_formula():
@@ -183,17 +247,3 @@ def test_megatron_tensor_parallel_formula():
         sp = pf.megatron_tp_layer_bytes(s, b, h, a, t, sequence_parallel=True)
         assert sp == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
     assert pf.megatron_tp_layer_bytes(s, b, h, a, 1) == formulas.megatron_layer_bytes(s, b, h, a)
-
-
-@pytest.mark.parametrize("key, right, wrong", [
-    ("12.fsdp_state_gib", 1.3e9 * 16 / 8 / 2 ** 30, 1.3e9 * 20 / 2 ** 30),
-    ("12.stage_in_flight", 3, 8),
-    ("12.sp_over_tp", (34 + 5 * 96 * 2048 / 12288) / 8 / (10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8)),
-     1.0),
-])
-def test_lesson_12_exercises(key, right, wrong, capsys):
-    from ckpt_lab import exercises
-    assert exercises.check(key, right) is True
-    assert exercises.check(key, wrong) is False
-    assert "✗" in capsys.readouterr().out
-    assert exercises.check(key, None) is False

@@ -3,8 +3,9 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ckpt_lab import track_memory, widgets
-from ckpt_lab.course import kept_after_forward
+from ckpt_lab import track_memory
+from ckpt_lab.lessons import widgets
+from ckpt_lab.memory import kept_after_forward
 from ckpt_lab.formulas import chain_step_peak_bytes
 
 

@@ -2,7 +2,8 @@
 import torch
 from torch import nn
 
-from ckpt_lab import checkpoint_sequential, planner, profile_layers, track_memory, widgets
+from ckpt_lab import checkpoint_sequential, planner, profile_layers, track_memory
+from ckpt_lab.lessons import widgets
 
 
 def _chain():

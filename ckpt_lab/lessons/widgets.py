@@ -22,11 +22,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import nn
 
-from . import formulas
-from .checkpoint import checkpoint_sequential
-from .course import dropout_mask_bytes, fmt_bytes, kept_after_forward, pick_device
-from .memory import MemoryLog, track_memory
-from .models import Block, GPTConfig, MLPBlock
+from ckpt_lab import formulas
+from ckpt_lab.checkpoint import checkpoint_sequential
+from ckpt_lab.lessons.course import dropout_mask_bytes, fmt_bytes, pick_device
+from ckpt_lab.lessons.plots import PHASE_COLORS
+from ckpt_lab.memory import MemoryLog, kept_after_forward, track_memory
+from ckpt_lab.models import Block, GPTConfig, MLPBlock
 
 MIB = 2 ** 20
 
@@ -171,8 +172,8 @@ class SegmentsExplorer(Explorer):
         ax = self.ax_curve
         ax.clear()
         xs = list(range(1, r.layers + 1))
-        ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="C1", label="predicted")
-        ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="C0", ms=4, label="measured")
+        ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="tab:gray", label="predicted")
+        ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="black", ms=4, label="measured")
         ax.axvline(r.segments, color="gray", ls=":", label=f"chosen: {r.segments}")
         ax.set(title=f"Peak memory vs segments ({r.layers} layers)", xlabel="segments",
                ylabel="peak memory (MiB)")
@@ -180,7 +181,7 @@ class SegmentsExplorer(Explorer):
         ax.legend(fontsize=8)
         ax = self.ax_time
         ax.clear()
-        for phase, color in (("forward", "C0"), ("recompute", "C1"), ("backward", "C2")):
+        for phase, color in PHASE_COLORS.items():                 # recompute orange, as everywhere
             pts = [(p.step, p.live_bytes / MIB) for p in r.log.timeline if p.phase == phase]
             if pts:
                 ax.plot(*zip(*pts), ".", ms=3, color=color, label=phase)
@@ -315,7 +316,7 @@ def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
     The model is left as it was: parameter gradients (and ``x.grad``), BatchNorm statistics
     and the random generators are restored afterwards.
     """
-    from .profile import _Untouched
+    from ckpt_lab.profile import _Untouched
     layers, x_grad = list(layers), x.grad
     try:
         with _Untouched(layers, x.device), track_memory() as log:
@@ -330,8 +331,8 @@ class PlanExplorer(Explorer):
     and the Pareto front of step peak against recomputed forward time (the step model)."""
 
     def __init__(self, layers, x: torch.Tensor, budget_fraction: float = 0.5, profile=None):
-        from .memory import profile_layers
-        from .planner import minimum_peak, pareto_front, step_peak_bytes
+        from ckpt_lab.profile import profile_layers
+        from ckpt_lab.planner import minimum_peak, pareto_front, step_peak_bytes
         self.layers, self.x = list(layers), x
         self.profile = profile if profile is not None else profile_layers(self.layers, x)
         self.out = [p.out_bytes for p in self.profile]
@@ -351,7 +352,7 @@ class PlanExplorer(Explorer):
 
     def plan(self, budget_bytes: int):
         """The planner's cheapest plan whose predicted step peak is within budget_bytes."""
-        from .planner import optimal_segments
+        from ckpt_lab.planner import optimal_segments
         return optimal_segments(self.profile, budget_bytes)
 
     def update(self, budget):

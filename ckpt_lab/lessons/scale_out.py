@@ -12,8 +12,9 @@ in, runs one measured training step and returns plain numbers (and tensors) to t
   `checkpoint_wrapper`; per-rank bytes by kind.
 * `pipeline_step`: one pipeline stage per rank, plain send/recv, a GPipe or 1F1B schedule.
 
-`single_step` is the one-process reference run in the caller; `several` runs a list of these
-in one launch (one process start-up for a whole experiment).
+`single_step` is the one-process reference run in the caller and `one_process` its bytes by
+kind; `bands` sorts a run's bytes into the bands of lesson 12's figure; `several` runs a list of
+these in one launch (one process start-up for a whole experiment).
 """
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .distributed import peak_rss_bytes
-from .memory import current_phase, track_memory
-from .models import build_model
-from .modules import checkpoint_modules
+from ckpt_lab.distributed import peak_rss_bytes
+from ckpt_lab.memory import current_phase, track_memory
+from ckpt_lab.models import build_model
+from ckpt_lab.modules import checkpoint_modules
 
 
 def device() -> torch.device:
@@ -38,6 +39,34 @@ def device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def check_batch(x: torch.Tensor, y: torch.Tensor, parts, what: str, fix: str) -> None:
+    """Refuse, before any work, a batch that does not split into `parts` equal shares.
+
+    ``torch.chunk`` splits an uneven batch into shares of different sizes, or fewer of them:
+    one rank or stage then indexes a share that is not there, or receives a smaller tensor
+    into a larger buffer (gloo allows it; the rows it did not write stay uninitialised).
+    `what` names the shares ("micro-batches"), `fix` the other way out.
+    """
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"the number of {what} must be a positive int, got {parts!r}")
+    rows = x.size(0)
+    if y.size(0) != rows:
+        raise ValueError(f"x has {rows} rows and y has {y.size(0)}: pass the targets of the "
+                         "same batch")
+    if rows % parts:
+        fits = [n for n in (rows - rows % parts, rows - rows % parts + parts) if n > 0]
+        raise ValueError(
+            f"a batch of {rows} rows does not split into {parts} equal {what} (torch.chunk "
+            f"would make uneven ones). Pass a batch whose rows are a multiple of {parts} "
+            f"(e.g. {' or '.join(map(str, fits))}), or {fix}.")
+
+
+def _check_rows(x: torch.Tensor, y: torch.Tensor) -> None:
+    """The same on every rank before any collective: the batch splits into one share a rank."""
+    n = dist.get_world_size()
+    check_batch(x, y, n, "shares, one per rank", f"launch a world_size that divides {x.size(0)}")
 
 
 def _my_rows(t: torch.Tensor) -> torch.Tensor:
@@ -72,6 +101,34 @@ def single_step(cfg, x, y, policy="none", impl: str | None = None) -> tuple[floa
     return loss.item(), _grads(model)
 
 
+def one_process(cfg, x, y, policy="none", impl: str | None = None) -> dict:
+    """One process, whole global batch, in the caller: bytes by kind, as `ddp_step` reports a
+    rank's (gradients allocated before the measured forward + backward, then one Adam step)."""
+    model = build_model(cfg, policy=policy, impl=impl)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with track_memory() as mem:
+        model(x, y).backward()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt.step()
+    params = list(model.parameters())
+    return {"peak_bytes": mem.peak_bytes, "param_bytes": _local_bytes(params),
+            "grad_bytes": _local_bytes(p.grad for p in params),
+            "optimizer_bytes": _optimizer_bytes(opt)}
+
+
+BANDS = ("weights", "gradients", "buckets", "Adam", "gathered weights", "activations & buffers")
+
+
+def bands(run: dict) -> dict[str, int]:
+    """A run's bytes at its peak, by band: what `one_process`, `ddp_step` or `fsdp_step`
+    returned, as the stacked bars of lesson 12 draw it (FSDP's peak split by its probe)."""
+    at = run.get("at_peak", {"gathered": 0, "other": run["peak_bytes"]})
+    return {"weights": run["param_bytes"], "gradients": run["grad_bytes"],
+            "buckets": run.get("bucket_bytes", 0), "Adam": run["optimizer_bytes"],
+            "gathered weights": at["gathered"], "activations & buffers": at["other"]}
+
+
 def several(calls) -> list:
     """Run several (function, args) pairs one after the other in the same ranks: one launch,
     one process start-up, for a whole experiment."""
@@ -87,6 +144,7 @@ def ddp_step(cfg, x, y, policy="none", impl: str | None = None, **ddp_options) -
     """One DDP step on this rank's rows: global mean loss, gradients (rank 0), and bytes:
     DDP's buckets, the forward + backward peak (gradients allocated before), Adam's states."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+    _check_rows(x, y)
     model = build_model(cfg, policy=policy, impl=impl).to(device())
     ids = [device().index] if device().type == "cuda" else None
     with track_memory() as made:
@@ -164,6 +222,7 @@ PITFALLS = [
 def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
     """Each case of `PITFALLS` for `steps` steps: "ok" and its losses, or the error it raised."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+    _check_rows(x, y)
     rows = []
     for label, impl, options, frozen in PITFALLS:
         if impl.startswith("torch"):
@@ -248,7 +307,7 @@ def _local_bytes(tensors) -> int:
 def apply_checkpointing(model, how: str):
     """Checkpoint every transformer block of a `models.GPT` in place: "none", "ckpt_lab"
     (ckpt_lab.checkpoint_modules, hooks) or "torch" (PyTorch's apply_activation_checkpointing)."""
-    from .models import Block
+    from ckpt_lab.models import Block
     if how == "none":
         return model
     if how == "ckpt_lab":
@@ -265,25 +324,32 @@ def apply_checkpointing(model, how: str):
     return model
 
 
+def shard(model, units: str = "layers", mesh=None) -> list[int]:
+    """FSDP2 units, bottom-up: each layer its own unit (units="layers"), then the root takes
+    whatever is left; units="root" makes the whole model one unit. Returns each unit's bytes."""
+    from torch.distributed.fsdp import fully_shard
+    if units not in ("layers", "root"):
+        raise ValueError(f"units must be 'layers' or 'root', got {units!r}")
+    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    unit_bytes = [size(model)]
+    if units == "layers":
+        for layer in model.chain:           # bottom-up: each layer's parameters form a unit
+            fully_shard(layer, mesh=mesh)
+        unit_bytes = [size(layer) for layer in model.chain]
+    fully_shard(model, mesh=mesh)           # and the root takes whatever is left
+    return unit_bytes
+
+
 def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers") -> dict:
     """FSDP2 (`fully_shard`), every layer of the GPT its own unit (units="layers") or the
     whole model one unit ("root"): one warm-up step, then one measured forward + backward.
     Per-rank bytes by kind, the loss, the unit sizes and the number of all-gathers."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    _check_rows(x, y)
     mesh = init_device_mesh(device().type, (dist.get_world_size(),))
-    fully_shard = functools.partial(fully_shard, mesh=mesh)
-    model = apply_checkpointing(build_model(cfg, policy="none").to(device()), checkpointing)
-    layers = list(model.chain)              # checkpoint first, then shard (see the lesson)
-    if units == "layers":
-        for unit in layers:                 # bottom-up: each layer's parameters form a unit,
-            fully_shard(unit)
-        unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in layers]
-    elif units == "root":
-        unit_bytes = [sum(p.numel() * p.element_size() for p in model.parameters())]
-    else:
-        raise ValueError(f"units must be 'layers' or 'root', got {units!r}")
-    fully_shard(model)                      # and the root takes whatever is left
+    model = build_model(cfg, policy="none").to(device())
+    apply_checkpointing(model, checkpointing)           # checkpoint first, then shard
+    unit_bytes = shard(model, units, mesh)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     xr, yr = _my_rows(x), _my_rows(y)
     first = model(xr, yr)                   # warm-up: gradients and Adam's moments exist
@@ -355,7 +421,7 @@ def schedule(kind: str, stages: int, rank: int, micro_batches: int) -> list[tupl
 
 
 def _run_span(layers, a: int, b: int, h, checkpointed: bool):
-    from .checkpoint import checkpoint, run_in_order
+    from ckpt_lab.checkpoint import checkpoint, run_in_order
     fn = run_in_order(layers[a:b])
     if checkpointed:
         return checkpoint(fn, h, impl="hooks")
@@ -366,8 +432,13 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
     """Two or more pipeline stages, one per rank, with plain send/recv: one step of
     `micro_batches` micro-batches in the given schedule. `segments` are checkpoint spans of
     `model.layers()` planned for the whole model; each stage checkpoints its cut of them.
-    Returns this stage's loss sum, peak, the bytes it stashes per micro-batch and the most
-    micro-batches it had in flight."""
+    Returns this stage's loss sum, peak, the bytes it stashes per micro-batch, the bytes live
+    after each operation of the schedule and the most micro-batches it had in flight. Every stage
+    gets the whole batch, whose rows must split into `micro_batches` equal micro-batches
+    (checked first, before any process talks)."""
+    check_batch(x, y, micro_batches, "micro-batches", "a micro_batches that divides "
+                f"{x.size(0)}")
+    schedule(kind, 1, 0, 1)                # an unknown schedule fails here, not mid-step
     stages, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(cfg, policy="none").to(device())
     layers = model.layers()
@@ -384,7 +455,7 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
     last = rank == stages - 1
     xs, ys = x.to(device()).chunk(micro_batches), y.to(device()).chunk(micro_batches)
     shape = (xs[0].size(0), xs[0].size(1), cfg.n_embd)
-    stash, losses, in_flight, most, stash_bytes = {}, 0.0, 0, 0, []
+    stash, losses, in_flight, most, stash_bytes, live = {}, 0.0, 0, 0, [], []
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     # Activations go forward with isend (their buffer is the stashed output anyway) and
@@ -429,6 +500,8 @@ def pipeline_step(cfg, x, y, micro_batches: int, kind: str = "1f1b", segments=()
                     dist.send(inp.grad, dst=rank - 1)
                 del inp
                 in_flight -= 1
+            live.append(mem.current_bytes)     # after each operation of the schedule
     return {"rank": rank, "layers": (start, end), "spans": spans, "loss": losses,
             "peak_bytes": mem.peak_bytes, "stash_bytes": stash_bytes, "in_flight": most,
+            "live_bytes": live,
             "grads": _grads(model), "rss_bytes": peak_rss_bytes()}

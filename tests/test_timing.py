@@ -1,11 +1,11 @@
-"""course.forward_share: the part of a step spent in given modules' forwards."""
+"""timing.forward_share: the part of a step spent in given modules' forwards."""
 import time
 
 import pytest
 import torch
 from torch import nn
 
-from ckpt_lab.course import forward_share
+from ckpt_lab.timing import forward_share
 
 
 class Sleep(nn.Module):

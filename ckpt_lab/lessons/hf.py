@@ -1,26 +1,24 @@
-"""Hugging Face `transformers` models, checkpointed by their own switch and by ckpt_lab's.
+"""Small Hugging Face `transformers` models and the situations lesson 11 measures on them.
 
 Everything is built from a config with random weights (nothing is downloaded;
-``HF_HUB_OFFLINE=1`` is set before `transformers` is imported). Lesson 11 uses these helpers
-to measure what the switches people flip every day do:
+``HF_HUB_OFFLINE=1`` is set before `transformers` is imported). The switches a learner flips
+(``model.activation_checkpointing_enable(...)``, ``use_cache=False``,
+``enable_input_require_grads``) are called in the lesson's own cells; this module only builds
+the models and the situations and measures a training step:
 
-* ``model.activation_checkpointing_enable`` (``gradient_checkpointing_enable`` before
-  transformers 5): ``torch.utils.checkpoint`` around every decoder layer, optionally every
-  n-th layer only; `enable_checkpointing` calls whichever the installed version has.
-* ``use_cache``: a layer that writes a key/value cache keeps every layer's keys and values
-  alive, which checkpointing would have freed, and its recompute writes the cache again.
-  `measure_cache` shows both with ``torch.utils.checkpoint`` applied by hand (HF's own switch
-  and `checkpoint_modules` refuse the combination).
-* The reentrant trap: ``use_reentrant=True`` differentiates only through checkpoint inputs
-  that require grad. With frozen embeddings (LoRA, adapters) no block input does, and every
-  adapter inside a checkpointed block silently gets no gradient unless
-  ``enable_input_require_grads`` makes the embedding output require grad. `add_lora` builds
-  that situation in a few lines.
+* `tiny_model`: a Llama-style or GPT-2-style causal LM from a config; `block_class` finds its
+  repeated decoder layer (what `ckpt_lab.checkpoint_modules` matches).
+* `train_step`: one forward and backward under `track_memory`, with a fixed dropout seed:
+  the loss, every gradient, bytes alive after the forward and the step's peak.
+* `measure_cache`: what ``use_cache=True`` costs in training, with ``torch.utils.checkpoint``
+  applied by hand the way older training code did (the model's own switch and
+  `checkpoint_modules` both refuse the combination, so it cannot be shown through them).
+* `add_lora`: freeze every weight and add low-rank adapters, the situation in which a
+  reentrant checkpoint loses gradients.
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from .memory import track_memory
+from ckpt_lab.memory import track_memory
 
 KINDS = ("llama", "gpt2")
 
@@ -91,39 +89,6 @@ def block_class(model: nn.Module) -> type:
     return type(blocks(model)[0])
 
 
-def enable_checkpointing(model, use_reentrant: bool = False, every_n_layers: int = 1) -> str:
-    """Turn on the model's own checkpointing; returns the name of the method that did it."""
-    name = ("activation_checkpointing_enable" if hasattr(model, "activation_checkpointing_enable")
-            else "gradient_checkpointing_enable")
-    method = getattr(model, name)
-    kwargs = {"use_reentrant": use_reentrant}
-    if every_n_layers != 1:
-        if "every_n_layers" not in inspect.signature(method).parameters:
-            # older transformers: turn every layer on, then switch the others off by hand
-            enable_checkpointing(model, use_reentrant)
-            for i, layer in enumerate(blocks(model)):
-                if not hasattr(layer, "gradient_checkpointing"):
-                    raise ValueError(f"{type(layer).__name__} has no gradient_checkpointing "
-                                     "flag; use checkpoint_modules with a predicate")
-                layer.gradient_checkpointing = i % every_n_layers == 0
-            return name
-        if name == "activation_checkpointing_enable":
-            method(activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers)
-        else:
-            method(gradient_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers)
-    elif name == "activation_checkpointing_enable":
-        method(activation_checkpointing_kwargs=kwargs)
-    else:
-        method(gradient_checkpointing_kwargs=kwargs)
-    return name
-
-
-def disable_checkpointing(model) -> None:
-    """Turn the model's own checkpointing off (whichever method name the version has)."""
-    (getattr(model, "activation_checkpointing_disable", None)
-     or model.gradient_checkpointing_disable)()
-
-
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0, device=None) -> torch.Tensor:
     """Random token ids (B, T), reproducible."""
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
@@ -163,11 +128,6 @@ def same_grads(a: StepResult, b: StepResult, exact: bool = True) -> bool:
         return False
     return all((x is None and y is None) or (x is not None and y is not None and eq(x, y))
                for x, y in zip(a.grads, b.grads))
-
-
-def block_input_bytes(model, batch: int, seq: int) -> int:
-    """Bytes of one decoder layer's input (B, T, hidden): what a checkpointed layer keeps."""
-    return batch * seq * model.config.hidden_size * model.dtype.itemsize
 
 
 # ------------------------------------------------------------------------------- the cache
@@ -229,7 +189,7 @@ def measure_cache(model, ids) -> CacheMeasurement:
     return CacheMeasurement(plain_off, plain_on, ckpt_off, ckpt_on, before, after)
 
 
-# ------------------------------------------------------------------------ LoRA and the trap
+# ------------------------------------------------------------------------------------- LoRA
 class LoRALinear(nn.Module):
     """A frozen linear layer plus a trainable low-rank update: W x + (alpha / r) B A x."""
 
@@ -267,66 +227,3 @@ def add_lora(model, targets=("q_proj", "v_proj"), rank: int = 4, seed: int = 0) 
 def trainable_with_grad(model) -> int:
     """How many trainable parameters got a gradient in the last backward."""
     return sum(1 for p in model.parameters() if p.requires_grad and p.grad is not None)
-
-
-@dataclass
-class TrapResult:
-    """One way of checkpointing a LoRA model: adapters that got a gradient, whether every
-    gradient equals the plain run's, the step's peak, or the error it raised."""
-
-    setting: str
-    adapters_with_grad: int
-    adapters: int
-    same_as_plain: bool
-    peak_bytes: int | None
-    error: str | None = None
-
-
-def reentrant_trap(model, ids) -> list[TrapResult]:
-    """Train a model whose only trainable weights are adapters inside the decoder layers
-    (frozen embeddings: no block input requires grad) under the usual switches."""
-    from .modules import checkpoint_modules
-    adapters = sum(1 for p in model.parameters() if p.requires_grad)
-    out: list[TrapResult] = []
-    plain = train_step(model, ids)
-
-    def run(setting, setup, teardown):
-        setup()
-        try:
-            r = train_step(model, ids)
-            out.append(TrapResult(setting, trainable_with_grad(model), adapters,
-                                  same_grads(plain, r, exact=not ids.is_cuda), r.peak_bytes))
-        except (RuntimeError, ValueError) as e:
-            out.append(TrapResult(setting, 0, adapters, False, None,
-                                  str(e).split("\n")[0]))
-        finally:
-            teardown()
-            model.zero_grad(set_to_none=True)
-
-    def own(reentrant, every=1, input_grads=False):
-        def setup():
-            enable_checkpointing(model, use_reentrant=reentrant, every_n_layers=every)
-            # transformers 5 turns input grads on by itself; undo it to show why it does
-            if not input_grads:
-                model.disable_input_require_grads()
-        return setup
-
-    def off():
-        disable_checkpointing(model)
-        model.disable_input_require_grads()
-
-    out.append(TrapResult("no checkpointing", trainable_with_grad(model), adapters, True,
-                          plain.peak_bytes))
-    run("reentrant, every layer", own(True), off)
-    run("reentrant, every 2nd layer", own(True, 2), off)
-    run("reentrant + enable_input_require_grads", own(True, input_grads=True), off)
-    run("non-reentrant (use_reentrant=False)", own(False), off)
-    handle = []
-    run("checkpoint_modules, impl='reentrant'",
-        lambda: handle.append(checkpoint_modules(model, block_class(model), impl="reentrant")),
-        lambda: [h.remove() for h in handle])
-    handle.clear()
-    run("checkpoint_modules, impl='hooks'",
-        lambda: handle.append(checkpoint_modules(model, block_class(model))),
-        lambda: [h.remove() for h in handle])
-    return out

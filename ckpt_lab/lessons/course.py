@@ -7,46 +7,41 @@
   for; `setup` then prints the device and versions the lesson will run with.
 * `pick_device` and `sizes` let one notebook run in seconds on a 2-core CPU and at realistic
   sizes on a GPU, without the learner editing anything.
-* `compare` prints a measurement next to its formula and fails loudly when they drift apart,
-  so running the notebooks (nbval) tests the formulas against reality.
-* `measure_step` runs one forward + backward under `track_memory` and times it;
-  `forward_share` times the part of a step spent in given modules' forwards.
+* `claims` checks a section's statements against measurements and prints one line (the
+  table folded under it); `compare` prints one measurement next to its formula. Both fail
+  loudly when they drift apart, so running the notebooks (nbval) tests the prose too.
 """
 from __future__ import annotations
 
 import sys
-import time
-from dataclasses import dataclass
 from importlib import metadata
 from types import SimpleNamespace
 
 import torch
 
-from .memory import MemoryLog, track_memory
+import ckpt_lab
+from ckpt_lab.lessons.claims import Claims, claims, ledger  # noqa: F401  (course.claims)
+from ckpt_lab.lessons.units import GIB, MIB, fmt_bytes  # noqa: F401  (course.fmt_bytes)
 
 REPO_SLUG = "ckpt-lab/ckpt-lab"
 BRANCH = "main"
 NOTEBOOK_DIR = "notebooks"
 
 LESSONS = {
-    "00_tour": "A tour: what checkpointing trades",
-    "01_where_memory_goes": "Where the memory goes",
-    "02_checkpointing_from_scratch": "Checkpointing from scratch",
-    "03_segments_and_sqrt_l": "Segments and sqrt(L)",
+    "00_tour": "A tour: what does activation checkpointing trade?",
+    "01_where_memory_goes": "Where does the memory of a training step go?",
+    "02_checkpointing_from_scratch": "Checkpointing from scratch: what does it drop, and when is it wrong?",
+    "03_segments_and_sqrt_l": "Segments and sqrt(L): how many segments should a chain get?",
     "04_the_price": "The price: recompute FLOPs and step time",
     "05_transformers_selective": "Transformers and selective recomputation",
     "06_optimal_schedules": "Optimal schedules: the planner, the Pareto front, recursion",
     "07_combining_techniques": "Combining checkpointing, accumulation, mixed precision, offload",
-    "08_capacity_and_oom": "Capacity planning and out-of-memory fallback",
-    "09_checking_the_claims": "Checking the claims of the source articles",
-    "10_your_own_model": "Your own model: profile, plan, apply, verify",
-    "11_checkpointing_in_your_stack": "Checkpointing in your stack: Hugging Face, selective API, offload, torch.compile",
-    "12_scale_out": "Beyond one device: checkpointing with DDP, FSDP and pipeline stages",
+    "08_capacity_and_oom": "Will Llama 2 fit on one GPU, and what makes it fit?",
+    "09_checking_the_claims": "Do the two source articles hold up under measurement?",
+    "10_your_own_model": "How much would checkpointing save your model, and can you trust the plan?",
+    "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
+    "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
 }
-
-MIB = 2 ** 20
-GIB = 2 ** 30
-
 
 # ---------------------------------------------------------------------------------- links
 def _notebook(name: str) -> str:
@@ -89,8 +84,7 @@ def lesson_links_markdown() -> str:
 
 def install_spec(version: str | None = None) -> str:
     """The pip requirement a notebook's first cell installs: this release's git tag."""
-    from . import __version__
-    return f"ckpt-lab @ git+https://github.com/{REPO_SLUG}@v{version or __version__}"
+    return f"ckpt-lab @ git+https://github.com/{REPO_SLUG}@v{version or ckpt_lab.__version__}"
 
 
 # ------------------------------------------------------------------------- device and sizes
@@ -106,14 +100,13 @@ def _version(dist: str) -> str:
 
 def setup() -> None:
     """Print the device this lesson will use and the versions it runs with (first cell)."""
-    from . import __version__
     device = pick_device()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         where = f"cuda ({props.name}, {fmt_bytes(props.total_memory)}), at the lessons' GPU sizes."
     else:
         where = f"cpu, at the lessons' small CPU sizes. For a GPU: {GPU_HINT}."
-    print(f"Device: {where}\nckpt_lab {__version__}, torch {torch.__version__}, "
+    print(f"Device: {where}\nckpt_lab {ckpt_lab.__version__}, torch {torch.__version__}, "
           f"ipywidgets {_version('ipywidgets')}, Python {sys.version.split()[0]}")
 
 def pick_device(prefer: str | None = None) -> torch.device:
@@ -139,20 +132,10 @@ def sizes(device: torch.device | str | None = None, **pairs) -> SimpleNamespace:
 
 def corpus_tokens() -> torch.Tensor:
     """The course's byte corpus (see `ckpt_lab.data.load_corpus`). Never downloads."""
-    from .data import load_corpus
-    return load_corpus()
+    return ckpt_lab.load_corpus()
 
 
 # --------------------------------------------------------------------- measured vs predicted
-def fmt_bytes(n: float) -> str:
-    """Bytes as a short human string in KiB/MiB/GiB."""
-    n = float(n)
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,.0f} B"
-
-
 def compare(label: str, measured: float, predicted: float, low: float = 0.95,
             high: float = 1.05, unit: str = "bytes") -> float:
     """Print measured, predicted and their ratio; raise AssertionError if the ratio leaves
@@ -168,83 +151,6 @@ def compare(label: str, measured: float, predicted: float, low: float = 0.95,
         f"{label}: measured/predicted = {ratio:.3f} left [{low}, {high}]; the formula and the "
         "program no longer agree, so find out which one changed")
     return ratio
-
-
-@dataclass
-class StepMeasurement:
-    """One forward + backward: exact peak bytes, the log with its timeline, median seconds."""
-
-    peak_bytes: int
-    seconds: float
-    log: MemoryLog
-
-
-def _sync(device):
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def measure_step(step, repeats: int = 3, device=None) -> StepMeasurement:
-    """Run ``step()`` (a forward and backward) once under `track_memory`, then time it.
-
-    Memory comes from the tracked run; time is the median of ``repeats`` untracked runs (the
-    tracker's bookkeeping would slow the tracked one down).
-    """
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    with track_memory() as log:
-        step()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return StepMeasurement(log.peak_bytes, sorted(times)[len(times) // 2], log)
-
-
-def forward_share(step, modules, repeats: int = 3, device=None) -> float:
-    """Median fraction of ``step()``'s time spent in the forward of `modules`.
-
-    With `step` a plain (uncheckpointed) forward + backward and `modules` what a policy
-    re-runs, ``1 + share`` is the time ratio re-running them costs by itself, whatever
-    the checkpoint implementation: the floor under that policy's measured time ratio, apart
-    from what early stopping skips.
-    """
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    starts, spent = [], []
-
-    def clock() -> float:
-        _sync(device)
-        return time.perf_counter()
-
-    handles = [h for m in modules for h in (
-        m.register_forward_pre_hook(lambda *_: starts.append(clock())),
-        m.register_forward_hook(lambda *_: spent.append(clock() - starts.pop())))]
-    if not handles:
-        raise ValueError("forward_share needs at least one module to time")
-    shares = []
-    try:
-        for _ in range(repeats):
-            spent.clear()
-            start = clock()
-            step()
-            shares.append(sum(spent) / (clock() - start))
-    finally:
-        for h in handles:
-            h.remove()
-    return sorted(shares)[len(shares) // 2]
-
-
-def kept_after_forward(module, *inputs) -> int:
-    """Bytes allocated by module(*inputs) and still alive after its forward: what backward needs."""
-    with track_memory() as mem:
-        out = module(*inputs)
-        kept = mem.current_bytes
-    del out
-    return kept
 
 
 def dropout_mask_bytes(device=None) -> int:

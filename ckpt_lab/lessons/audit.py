@@ -1,0 +1,276 @@
+"""Lesson 9's audit of the two source articles: where to find them, how a measurement becomes a
+verdict, and the one table the lesson ends with.
+
+A verdict is never typed in: `judge_number` and `judge_range` compute it from a measured number
+and the article's, by the rules the lesson states (holds: within the tolerance; partly holds:
+within a factor of two; does not hold: further, or the opposite). `Audit.add` files each claim
+with the article's number, what was measured on which machine, and the verdict, and returns the
+verdict so the lesson can assert the one its prose states. The articles' sentences are not
+copied here: each claim is the course's paraphrase.
+"""
+from __future__ import annotations
+
+import html
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ckpt_lab import track_memory
+from ckpt_lab.models import MLPBlock
+
+VERDICTS = ("holds", "partly holds", "does not hold")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source article, as it names itself (it names no author)."""
+
+    title: str
+    gloss: str
+    published: str
+    url: str | None
+
+
+SOURCES = {
+    "A": Source("MegaTrain 梯度检查点策略：激活重计算的内存-计算权衡实战",
+                "MegaTrain's gradient checkpointing strategy: the memory-compute trade-off of "
+                "activation recomputation in practice", "blog2.hotdry.top, 9 April 2026",
+                "https://blog2.hotdry.top/posts/2026/04/09/"
+                "megatrain-gradient-checkpointing-memory-compute-tradeoff/"),
+    "B": Source("梯度检查点Gradient Checkpointing显存占用计算",
+                "Gradient checkpointing: computing its memory use",
+                "last modified 14 September 2026", None),
+}
+
+
+# Each claim as the course paraphrases it: (article, claim, the article's number).
+CLAIMS = {
+    "B.no_ckpt_800": ("B", "100 layers of B×S×H keep 800 MB without checkpointing", "800 MB"),
+    "B.ten_segments_90": ("B", "10 segments keep only their boundaries: a 90% cut", "90%"),
+    "B.two_layers_inside": ("B", "while a segment is rebuilt, about 2 layers' activations are "
+                            "alive", "2 layers"),
+    "B.formula": ("B", "its sample's formula for 10 segments: 11 boundaries + 2 layers", ""),
+    "B.printed": ("B", "the figure its sample prints for 10 segments", ""),
+    "B.sqrt": ("B", "with √L segments, memory grows as √L, not L", "exponent 0.5"),
+    "B.one_tensor": ("B", "a layer keeps one B×S×H tensor (its constant taken as 1)", "1 tensor"),
+    "A.83": ("A", "48 layers in 8 segments save (L − S)/L", "83%"),
+    "A.any_chain": ("A", "the saving is (L − S)/L for any chain of layers", "83% at 48/8"),
+    "A.any_S": ("A", "a transformer saves (L − S)/L, whatever S", "(L − S)/L"),
+    "A.O_S": ("A", "the peak is O(S) in the number of segments", "O(S)"),
+    "A.densify": ("A", "short of memory, go from segments of 4 blocks to segments of 2",
+                  "a lower peak"),
+    "A.every4": ("A", "segments of 4 blocks are a good start for 30-80 layers", "a good start"),
+    "A.selective_memory": ("A", "recomputing attention alone saves 40-60% of activation memory",
+                           "40-60%"),
+    "A.selective_time": ("A", "recomputing attention alone costs under 20% in speed", "< 20%"),
+    "B.full_time": ("B", "checkpointing makes a step 20-40% slower", "20-40%"),
+    "A.saving_cost": ("A", "a 30-50% memory saving costs 15-30% in speed", "15-30%"),
+    "A.accumulation": ("A", "checkpointing with 4-8 accumulated micro-batches lowers the peak "
+                       "2-4×", "2-4×"),
+    "B.adam_12": ("B", "Adam's momentum and variance take 12 bytes per parameter", "12 B"),
+    "B.disk": ("B", "checkpointing writes temporary files to disk", "temp files"),
+    "B.conv": ("B", "checkpointing the conv of a residual block saves memory", "saves memory"),
+}
+
+
+def judge_number(measured: float, claimed: float, rel_tol: float = 0.05) -> str:
+    """'holds' within rel_tol of the claim, 'partly holds' within a factor of 2, else not."""
+    r = measured / claimed
+    if abs(r - 1) <= rel_tol:
+        return "holds"
+    return "partly holds" if 0.5 <= r <= 2 else "does not hold"
+
+
+def judge_range(measured: float, low: float, high: float) -> str:
+    """'holds' inside [low, high], 'partly holds' within a factor of 2 of it, else not."""
+    if low <= measured <= high:
+        return "holds"
+    return "partly holds" if low / 2 <= measured <= 2 * high else "does not hold"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One audited claim: which article, the claim paraphrased, its number, what was measured
+    (and where), and the verdict."""
+
+    source: str
+    claim: str
+    article: str
+    measured: str
+    verdict: str
+
+
+class Audit:
+    """The claims of both articles as the lesson decides them, in order; `where` names the
+    machine of the run ("CPU here"), added to each measurement not made elsewhere."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.rows: list[Verdict] = []
+
+    def add(self, key: str, measured: str, verdict: str, article: str | None = None,
+            where: str | None = None) -> str:
+        """File claim `key` of CLAIMS with what was measured; return its verdict (which the
+        lesson asserts). `article` replaces the registered number, `where` the machine."""
+        if key not in CLAIMS:
+            raise ValueError(f"unknown claim {key!r}; known: {sorted(CLAIMS)}")
+        if verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+        source, claim, number = CLAIMS[key]
+        self.rows.append(Verdict(source, claim, article or number,
+                                 f"{measured} — {where or self.where}", verdict))
+        return verdict
+
+    def counts(self) -> dict[str, int]:
+        """How many claims got each verdict."""
+        return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
+
+    def summary(self) -> str:
+        """One line: how many claims, and how they fared."""
+        c = self.counts()
+        return (f"{len(self.rows)} claims: {c['holds']} hold, {c['partly holds']} partly hold, "
+                f"{c['does not hold']} do not hold")
+
+    def html(self) -> str:
+        """The verdict table: claim, the article's number, what was measured where, verdict."""
+        rows = "".join(
+            f"<tr><td>{r.source}</td><td>{html.escape(r.claim)}</td>"
+            f"<td>{html.escape(r.article)}</td><td>{html.escape(r.measured)}</td>"
+            f"<td><b>{r.verdict}</b></td></tr>" for r in self.rows)
+        return (f"<p>{html.escape(self.summary())}</p><table><tr><th></th><th>claim "
+                "(paraphrased)</th><th>article</th><th>measured (where)</th><th>verdict</th>"
+                f"</tr>{rows}</table>")
+
+    def show(self) -> None:
+        """The table in Jupyter (its one-line summary as text elsewhere)."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:
+            get_ipython = None
+        if get_ipython is not None and get_ipython() is not None:
+            display({"text/plain": self.summary(), "text/html": self.html()}, raw=True)
+        else:
+            print(self.summary())
+
+
+def mlp_chain(depth: int, width: int, device=None) -> nn.Sequential:
+    """depth Linear -> ReLU blocks (seed 0): each keeps exactly one tokens x width tensor."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[MLPBlock(width) for _ in range(depth)]).to(device)
+
+
+def step_log(run, module: nn.Module):
+    """`track_memory`'s log of run().sum().backward(), `module`'s parameter gradients allocated
+    first (model state, so the peak counts activations and the gradients between layers)."""
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+    with track_memory() as mem:
+        run().sum().backward()
+    return mem
+
+
+def step_peak(run, module: nn.Module) -> int:
+    """Peak bytes of `step_log(run, module)`."""
+    return step_log(run, module).peak_bytes
+
+
+def cpu_seconds(steps: dict, repeats: int = 5) -> dict:
+    """Median seconds of each step function, the steps interleaved after one warm-up round.
+
+    On a CPU: the process's CPU time with PyTorch on one thread, which other programs sharing
+    the machine do not inflate. On CUDA: wall-clock time between synchronisations.
+    """
+    cuda = torch.cuda.is_available()
+    clock = time.perf_counter if cuda else time.process_time
+    threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(1)
+    try:
+        times = {name: [] for name in steps}
+        for r in range(repeats + 1):
+            for name, step in steps.items():
+                if cuda:
+                    torch.cuda.synchronize()
+                start = clock()
+                step()
+                if cuda:
+                    torch.cuda.synchronize()
+                if r:
+                    times[name].append(clock() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+@dataclass(frozen=True)
+class DiskWrites:
+    """What a function wrote: bytes (Linux's write_chars, -1 where unknown), files opened for
+    writing from Python, and new entries named torch* or *ckpt* in the temp directory and cwd."""
+
+    written_bytes: int
+    opened_for_write: tuple
+    new_entries: tuple
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+
+class _OpenWatch:
+    """One audit hook per process (Python cannot remove one), recording only while active."""
+
+    def __init__(self):
+        self.active, self.opened, self.installed = False, [], False
+
+    def __call__(self, event, args):
+        if self.active and event == "open" and isinstance(args[2], int) and args[2] & _WRITE_FLAGS:
+            self.opened.append(str(args[0]))
+
+
+_WATCH = _OpenWatch()
+
+
+def _suspects() -> set:
+    return {os.path.join(d, n) for d in {tempfile.gettempdir(), os.getcwd()} for n in os.listdir(d)
+            if "torch" in n.lower() or "ckpt" in n.lower()}
+
+
+def disk_writes(fn) -> DiskWrites:
+    """Run fn() and report what it wrote to disk (see `DiskWrites`)."""
+    import psutil
+    proc = psutil.Process()
+    counted = hasattr(proc, "io_counters")
+    if not _WATCH.installed:
+        sys.addaudithook(_WATCH)
+        _WATCH.installed = True
+    before, io0 = _suspects(), proc.io_counters().write_chars if counted else 0
+    _WATCH.opened.clear()
+    _WATCH.active = True
+    try:
+        fn()
+    finally:
+        _WATCH.active = False
+    written = proc.io_counters().write_chars - io0 if counted else -1
+    return DiskWrites(written, tuple(_WATCH.opened), tuple(sorted(_suspects() - before)))
+
+
+def worst(verdicts) -> str:
+    """The weakest of several verdicts (a claim that must hold everywhere is as weak as that)."""
+    return max(verdicts, key=VERDICTS.index)
+
+
+def at_scale(policy: str, here: float, where_here: str) -> tuple[float, str, str | None]:
+    """A step-time claim decided at scale: (slowdown, what was measured, where) from the
+    committed GPU run's `policy` when present, else this machine's `here` (where=None)."""
+    from ckpt_lab.lessons import gpu_results
+    run = gpu_results.policy(policy)
+    if run is None:
+        return here, f"{here:+.0%} step time", None
+    t = run["time_ratio"] - 1
+    return t, (f"+{t:.0%} step time for +{run['flop_ratio'] - 1:.0%} of a step's FLOPs; "
+               f"{where_here}: {here:+.0%}"), gpu_results.label()

@@ -1,0 +1,84 @@
+"""Cross-entropy over a large vocabulary without ever holding the full logits.
+
+A language model's loss projects N hidden rows (N = batch x sequence) onto a V-word vocabulary,
+``logits = hidden @ weight.T``, and takes ``log_softmax``: an N x V tensor, and in backward its
+gradient beside it. At a 128K vocabulary that outweighs every other activation of a small
+model, and the step's peak sits there (lessons 0 and 1 find it at ``log_softmax``).
+
+`chunked_cross_entropy` splits the rows into chunks and computes each chunk's logits and its
+summed loss inside a checkpoint (ckpt_lab's own, ``impl="hooks"``): the forward keeps only the
+chunk's inputs (a view of ``hidden``, the weight, the targets), so no chunk's logits outlive
+it, and backward recomputes one chunk's logits at a time, turns them into their gradient and
+drops them before the next chunk's recompute. The mean is taken over the rows whose target is
+not ``ignore_index``, as ``F.cross_entropy`` does.
+
+Where the peak sits with chunking: in the backward of one chunk, when ``log_softmax``'s
+backward writes the chunk's logit gradient while its recomputed output and the incoming
+gradient (``nll_loss``'s, as large) are still alive: three c x V tensors (c = rows of the
+largest chunk), on top of what stays for the whole step (the weight's gradient summed so far,
+the row gradients of the chunks already done). Once chunks are small (c below about d) the peak
+moves to the weight gradients instead: each chunk makes its own V x d gradient, and autograd's
+first sum of two of them is out of place (each arrives as a view, through ``weight.t()``'s
+backward), so three V x d tensors coexist for a moment; smaller chunks save nothing more.
+`ckpt_lab.formulas.chunked_cross_entropy_moments` counts every candidate; tests/test_losses.py
+holds the peak to `track_memory` and to the allocator's own events.
+
+The price: one more ``hidden @ weight.T`` per row (2 N d V FLOPs, a third of the output
+layer's forward + backward), and per chunk a V x d weight gradient written and added, which
+is what makes many small chunks slow.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import checkpoint
+from .formulas import chunk_rows
+
+
+def _chunk_loss(hidden, weight, targets, ignore_index: int):
+    """Summed cross-entropy of one chunk of rows (its logits exist only in here)."""
+    return F.cross_entropy(hidden @ weight.t(), targets, ignore_index=ignore_index,
+                           reduction="sum")
+
+
+def _check(hidden, weight, targets):
+    if not (isinstance(hidden, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and isinstance(targets, torch.Tensor)):
+        raise TypeError("hidden, weight and targets must be tensors")
+    if hidden.dim() < 2:
+        raise ValueError(f"hidden must be (N, d) or (B, T, d), got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2 or weight.size(1) != hidden.size(-1):
+        raise ValueError(f"weight must be (V, d) with d = hidden's last size "
+                         f"({hidden.size(-1)}), got shape {tuple(weight.shape)}; pass the output "
+                         "layer's weight (nn.Linear(d, V).weight), not its transpose")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
+        raise ValueError(f"targets must be class indices (an integer tensor), got "
+                         f"{targets.dtype}; soft-label targets are not supported")
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]) and not (
+            targets.dim() == 1 and targets.numel() == hidden.numel() // hidden.size(-1)):
+        raise ValueError(f"targets must have hidden's leading shape {tuple(hidden.shape[:-1])} "
+                         f"(or be flat with that many rows), got {tuple(targets.shape)}")
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunks: int, *, ignore_index: int = -100) -> torch.Tensor:
+    """``F.cross_entropy(hidden @ weight.T, targets)`` over row chunks, each checkpointed.
+
+    hidden: (N, d) or (B, T, d), flattened to rows like targets (N) or (B, T). weight: (V, d),
+    the bias-free output projection. chunks: 1..N; rows are split as evenly as possible.
+    Returns the mean loss over rows whose target is not ``ignore_index`` (NaN when there are
+    none, as in PyTorch). Value and gradients equal the unchunked loss up to float rounding
+    (the chunks' sums are added in another order); the full N x V logits never exist.
+    """
+    _check(hidden, weight, targets)
+    rows = hidden.reshape(-1, hidden.size(-1))
+    flat = targets.reshape(-1)
+    sizes = chunk_rows(rows.size(0), chunks)
+    total = None
+    for h, t in zip(rows.split(sizes), flat.split(sizes)):
+        # No random numbers are drawn here: saving the RNG state would cost 5 KB per chunk.
+        part = checkpoint(_chunk_loss, h, weight, t, ignore_index, impl="hooks",
+                          preserve_rng_state=False)
+        total = part if total is None else total + part
+    return total / (flat != ignore_index).sum()

@@ -1,0 +1,84 @@
+"""Lesson 2's predictions and build task: measured answers, diagnosed wrong ones, and the
+correctness catalogue the grid is drawn from."""
+import pytest
+import torch
+import torch.utils.checkpoint
+
+from ckpt_lab import checkpoint
+from ckpt_lab.checkpoint import minimal_hooks
+from ckpt_lab.lessons import correctness, exercises
+from ckpt_lab.lessons.exercises import lesson02
+
+VERDICTS = {"dropout (RNG)": "right", "input edited after forward": "refuses",
+            "saved tensor edited inside": "wrong", "optimizer step before backward": "wrong",
+            "RReLU fills a saved buffer": "wrong", "recompute differs (metadata)": "refuses"}
+
+
+def _torch_checkpoint(fn, x):
+    return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False)
+
+
+def test_the_measured_answers():
+    assert lesson02.kept_tensors() == 1.0
+    assert lesson02.conv_only_saving() == 0.0
+    assert lesson02.resblock_kept("none") == 3 * lesson02.resblock_kept("whole branch") + 2 * 8 * 4
+    if torch.__version__ < "2.14":                  # pytorch/pytorch#193671 open in the pinned torch
+        assert lesson02.torch_verdicts() == VERDICTS
+
+
+@pytest.mark.parametrize("key, right, wrong, hint", [
+    ("02.kept_tensors", 1, 4, "plain chain"),
+    ("02.kept_tensors", 1.0, 0, "output is alive"),
+    ("02.conv_only_saving", 0, 1 / 3, "checkpoint keeps its input"),
+    ("02.conv_only_saving", 0.0, 2 / 3, "whole branch"),
+    ("02.my_checkpoint", _torch_checkpoint, minimal_hooks, "get_rng_state"),
+    ("02.my_checkpoint", _torch_checkpoint, lambda fn, x: fn(x), "keeps"),
+])
+def test_right_and_wrong(key, right, wrong, hint, capsys):
+    assert exercises.check(key, right) is True
+    assert "✓" in capsys.readouterr().out
+    assert exercises.check(key, wrong) is False
+    out = capsys.readouterr().out
+    assert "✗" in out and hint in out
+
+
+def test_verdicts_are_judged_case_by_case(capsys):
+    measured = lesson02.torch_verdicts()
+    assert exercises.check("02.torch_verdicts", measured) is True
+    assert exercises.check("02.torch_verdicts", {k: ("WRONG, silently" if v == "wrong" else v)
+                                                 for k, v in measured.items()}) is True
+    capsys.readouterr()
+    assert exercises.check("02.torch_verdicts", {k: "right" for k in measured}) is False
+    out = capsys.readouterr().out
+    assert "1 of 6" in out and "version counter" in out and "early stop" in out
+    assert exercises.check("02.torch_verdicts", {"dropout (RNG)": "right"}) is False
+    assert exercises.check("02.torch_verdicts", {k: "maybe" for k in measured}) is False
+    assert "one entry per case" in capsys.readouterr().out
+
+
+def test_unanswered_malformed_and_raising_answers_never_raise(capsys):
+    for key in exercises.keys(2):
+        assert exercises.check(key, None) is False
+    assert exercises.check("02.my_checkpoint", 3) is False
+    assert exercises.check("02.kept_tensors", "one") is False
+
+    def broken(fn, x):
+        raise RuntimeError("boom")
+    assert exercises.check("02.my_checkpoint", broken) is False
+    assert "boom" in capsys.readouterr().out
+    assert exercises.keys(2) == ["02.kept_tensors", "02.torch_verdicts", "02.conv_only_saving",
+                                 "02.my_checkpoint"]
+
+
+def test_the_catalogue_grid_against_ckpt_lab_and_plain_autograd():
+    torch.manual_seed(0)
+    x = torch.randn(32, 16)
+    table = correctness.grid(correctness.cases(16), {
+        "plain": lambda f, t: f(t), "ckpt_lab": lambda f, t: checkpoint(f, t),
+        "minimal hooks": minimal_hooks}, x)
+    assert list(table) == list(VERDICTS)
+    assert all(row["ckpt_lab"] == "right" or row["ckpt_lab"].startswith("refuses")
+               for row in table.values())
+    assert [row["minimal hooks"] for row in table.values()][:5] == ["WRONG, silently"] * 5
+    assert table["optimizer step before backward"]["plain"] == "right"   # the step is undone
+    assert table["dropout (RNG)"]["plain"] == "right"

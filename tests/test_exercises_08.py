@@ -1,0 +1,74 @@
+"""Lesson 8's predictions: each judge accepts the answer worked out another way (by hand from
+the parameter counts, by the op-by-op formula, by counting FLOPs) and rejects the diagnostic
+wrong ones with a hint."""
+import pytest
+import torch
+
+from ckpt_lab import capacity, fallback, formulas
+from ckpt_lab.lessons import exercises
+from ckpt_lab.models import build_model
+
+
+def _judge(key, answer):
+    return exercises.EXERCISES[key].judge(answer)[0]
+
+
+def test_only_the_7b_fits_one_141gb_gpu_by_its_state():
+    budget = 0.85 * 141e9
+    released = {"7B": 6_738_415_616, "13B": 13_015_864_320, "70B": 68_976_648_192}
+    by_hand = {m for m, n in released.items() if 16 * n < budget}      # state alone must fit
+    assert by_hand == {"7B"} == exercises.lesson08.models_that_fit()
+    assert _judge("08.fits_141gb", {"7B"}) and _judge("08.fits_141gb", "7B")
+    for wrong in ({"7B", "13B"}, set(), {"70B"}, {"7B", "13B", "70B"}):
+        ok, hint = exercises.EXERCISES["08.fits_141gb"].judge(wrong)
+        assert not ok and "GiB" in hint
+    assert not _judge("08.fits_141gb", {"8B"})                          # unknown size
+
+
+def test_planner_reads_low_most_at_the_densest_by_the_op_by_op_formula():
+    """Independent of the measurement: lesson 7's op-by-op formula, which matches a measured
+    step within 2% (lesson 8 asserts it), lies above the planner on every plan, most at the
+    densest one."""
+    cfg, x, _ = exercises.lesson08.course_gpt()
+    b, t = x.shape
+    small = capacity.TransformerConfig(cfg.n_layer, cfg.n_embd, cfg.n_head, t, vocab=cfg.vocab_size,
+                                       micro_batch=b, precision="fp32", dropout=False)
+    planned = {r.strategy: r.activation_bytes for r in capacity.strategy_rows(small, 2 ** 40)
+               if r.accumulation_steps == 1}
+    layers = formulas.gpt_layers(b, t, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, 4, False)
+    by_formula = {}
+    for name, policy in (("none", "none"), ("every block", "every"), ("every 2 blocks", "every:2")):
+        segs = build_model(cfg, policy=policy).segments()
+        by_formula[name] = formulas.chain_peak_bytes(layers, segs, b * t, cfg.vocab_size, 4) / planned[name]
+    assert min(by_formula.values()) > 1 and max(by_formula, key=by_formula.get) == "every block"
+    measured = exercises.lesson08.planner_ratios()
+    assert min(measured.values()) > 1 and exercises.lesson08.planner_error() == ("low", "segments of 1")
+    assert _judge("08.planner_error", ("low", "segments of 1"))
+    assert _judge("08.planner_error", ["low", "densest"])
+    for wrong in (("high", "segments of 1"), ("low", "none"), ("high", "none")):
+        assert not _judge("08.planner_error", wrong)
+    for malformed in ("low", ("low",), ("sideways", "none"), ("low", "everywhere"), None):
+        ok, hint = exercises.EXERCISES["08.planner_error"].judge(malformed)
+        assert not ok and hint
+
+
+def test_accumulation_is_free_in_flops_and_slower_on_a_cpu(one_thread):
+    cfg, x, y = exercises.lesson08.course_gpt()
+    model = build_model(cfg)
+    plain, four = fallback.StepConfig(0, 1, x.shape[0]), fallback.StepConfig(0, 4, x.shape[0])
+    assert fallback.config_flops(model, x, y, plain) == fallback.config_flops(model, x, y, four)
+    ops = [fallback.chain_step(model, x, y)(c).num_ops for c in (plain, four)]
+    assert ops[1] > 3 * ops[0]                            # every micro-batch runs every operation
+    # CPU time on one thread, median of 9 interleaved repeats: x1.5-1.6 usually, never near 1
+    assert exercises.lesson08.accumulation_time() == "slower"
+    assert _judge("08.accumulation_time", "slower") and _judge("08.accumulation_time", "Slower")
+    assert not _judge("08.accumulation_time", "same") and not _judge("08.accumulation_time", "faster")
+    assert not _judge("08.accumulation_time", 1.5)
+
+
+@pytest.mark.parametrize("key", exercises.keys(8))
+def test_unanswered_and_malformed(key, capsys):
+    assert exercises.check(key, None) is False
+    assert exercises.check(key, 3.5) is False
+    assert "not answered yet" in capsys.readouterr().out
+    assert exercises.EXERCISES[key].expected is not None

@@ -1,0 +1,92 @@
+"""Lesson 10's predictions, on its default model: each judge accepts the answer found another way
+(counted by hand, by brute force over every plan and a measurement, by PyTorch's checkpoint) and
+rejects the diagnostic wrong ones; the default model is the one the lesson's cell builds."""
+import itertools
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch import nn
+
+from ckpt_lab import planner
+from ckpt_lab.lessons import exercises, widgets
+
+LESSON = Path(__file__).resolve().parent.parent / "notebooks" / "10_your_own_model.ipynb"
+
+
+def _judge(key, answer):
+    return exercises.EXERCISES[key].judge(answer)[0]
+
+
+def test_the_default_model_is_the_lessons():
+    cell = next(c.source for c in nbformat.read(LESSON, as_version=4).cells
+                if "BRING YOUR MODEL HERE" in c.source)
+    space = {"torch": torch, "nn": nn, "device": torch.device("cpu"),
+             "S": types.SimpleNamespace(width=exercises.lesson10.WIDTH, batch=exercises.lesson10.BATCH)}
+    exec(cell, space)
+    ours = exercises.lesson10.default_model()
+    assert str(space["model"]) == str(ours)
+    assert all(torch.equal(a, b) for a, b in zip(space["model"].parameters(), ours.parameters()))
+    assert space["make_input"]().shape == (exercises.lesson10.BATCH, 64)
+
+
+def test_largest_layer_counted_by_hand():
+    b, w = exercises.lesson10.BATCH, exercises.lesson10.WIDTH
+    widths = [64, 4 * w, 4 * w, w // 2, 8 * w, w, w]
+    # a block keeps its input (not the chain's own input), GELU's input and dropout's float mask
+    kept = [(widths[i] if i else 0) + 2 * widths[i + 1] for i in range(6)] + [widths[6]]
+    by_hand = max(range(7), key=lambda i: kept[i])
+    assert by_hand == exercises.lesson10.largest_layer() == 3
+    assert [p.act_bytes for p in exercises.lesson10.default_profile()] == [4 * b * k for k in kept]
+    assert _judge("10.largest_layer", 3)
+    for wrong in (1, 4, 0, 6):
+        assert not _judge("10.largest_layer", wrong)
+    assert not _judge("10.largest_layer", 7) and not _judge("10.largest_layer", 2.5)
+
+
+def test_least_peak_by_brute_force_and_a_measurement():
+    profile = list(exercises.lesson10.default_profile())
+    n = len(profile)
+    plans = [[0, *rest] for k in range(n) for rest in itertools.combinations(range(1, n), k)]
+    best = min(plans, key=lambda p: planner.step_peak_bytes(p, profile))
+    none = planner.step_peak_bytes([0], profile)
+    assert planner.step_peak_bytes(best, profile) / none == exercises.lesson10.least_peak_fraction()
+    model = exercises.lesson10.default_model().train()
+    measured = widgets.measure_plan_peak(list(model), torch.randn(exercises.lesson10.BATCH, 64), best)
+    assert abs(measured / planner.step_peak_bytes(best, profile) - 1) < 0.03
+    right = exercises.lesson10.least_peak_fraction()
+    assert _judge("10.least_peak", right) and _judge("10.least_peak", round(right, 2))
+    for wrong in (0.1, 0.25, 0.9, 1.0):
+        assert not _judge("10.least_peak", wrong)
+
+
+def _rng_by_torch():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+    x = torch.randn(16, 8, requires_grad=True)
+    grads = []
+    for keep in (None, True, False):
+        m.zero_grad()
+        torch.manual_seed(1)
+        out = m(x) if keep is None else torch.utils.checkpoint.checkpoint(
+            m, x, use_reentrant=False, preserve_rng_state=keep)
+        out.sum().backward()
+        grads.append(m[0].weight.grad.clone())
+    return torch.equal(grads[0], grads[1]), not torch.equal(grads[0], grads[2])
+
+
+def test_rng_replay_by_torchs_checkpoint():
+    exact_with, differs_without = _rng_by_torch()
+    assert exact_with and differs_without
+    assert exercises.lesson10.rng_matters_for_dropout() is differs_without
+    assert _judge("10.rng_replay", True) and not _judge("10.rng_replay", False)
+    assert not _judge("10.rng_replay", "yes")
+
+
+@pytest.mark.parametrize("key", exercises.keys(10))
+def test_unanswered_and_malformed(key, capsys):
+    assert exercises.check(key, None) is False and exercises.check(key, "nonsense") is False
+    assert "not answered yet" in capsys.readouterr().out
+    assert exercises.EXERCISES[key].expected is not None

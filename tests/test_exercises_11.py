@@ -1,0 +1,62 @@
+"""Lesson 11's three predictions: right, wrong (each side diagnosed) and unanswered, with the
+expected answers measured independently of the judges."""
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("transformers")
+
+from ckpt_lab.lessons import exercises  # noqa: E402
+from ckpt_lab.lessons.exercises import lesson11  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one(one_thread):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+def test_keys_are_the_lessons_predictions():
+    assert exercises.keys(11) == ["11.peak_drop", "11.trap_adapters", "11.sdpa_core"]
+    assert all(exercises.EXERCISES[k].expected is not None for k in exercises.keys(11))
+
+
+def test_peak_drop_is_measured_and_judged_on_a_log_scale(capsys):
+    factor = lesson11.peak_drop()
+    assert 1.5 < factor < 4          # the peak falls, by far less than the kept bytes (x7.5)
+    assert exercises.check("11.peak_drop", round(factor, 2)) is True      # as the ledger prints it
+    assert exercises.check("11.peak_drop", 7.5) is False                 # the kept bytes' factor
+    assert exercises.check("11.peak_drop", 1.0) is False
+    assert exercises.check("11.peak_drop", None) is False
+    out = capsys.readouterr().out
+    assert "Too high" in out and "Too low" in out and "not answered yet" in out
+
+
+def test_trap_adapters_counts_layer_zero_out():
+    # worked out independently: 6 layers x (A, B) x (q_proj, v_proj); layer 0's four get nothing
+    assert lesson11.trap_adapters_with_grad() == 6 * 4 - 4
+    assert exercises.check("11.trap_adapters", 20) is True
+    assert exercises.check("11.trap_adapters", 24) is False
+    assert exercises.check("11.trap_adapters", 16) is False
+    assert exercises.check("11.trap_adapters", "twenty") is False
+
+
+def test_sdpa_core_frees_only_the_log_sum_exp_rows(capsys):
+    percent = lesson11.sdpa_core_freed_percent()
+    # the fused kernel's log-sum-exp, B x heads x T fp32, of what the block keeps
+    assert 0 < percent < 1
+    assert exercises.check("11.sdpa_core", round(percent, 1)) is True
+    assert exercises.check("11.sdpa_core", 0) is True
+    assert exercises.check("11.sdpa_core", 20) is False
+    assert exercises.check("11.sdpa_core", -1) is False
+    assert "written-out core" in capsys.readouterr().out
+
+
+def test_predictions_record_then_reveal(capsys):
+    guess = exercises.predict("11.trap_adapters", 20)
+    assert "prediction recorded" in capsys.readouterr().out
+    assert guess.reveal() is True
+    assert exercises.predict("11.sdpa_core", None).reveal() is False

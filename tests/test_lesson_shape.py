@@ -1,0 +1,55 @@
+"""tools/lesson_shape: the rules a reshaped lesson keeps, on small synthetic executed notebooks."""
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from tools import lesson_shape
+
+
+def lesson(prose_words=20, lines=3, figure=True, closing=True, answer_above=None):
+    cells = [new_markdown_cell("# A question\n" + "word " * prose_words)]
+    outputs = [new_output("stream", name="stdout", text="line\n" * lines)]
+    if answer_above is not None:
+        outputs.append(new_output("stream", name="stdout", text=f"kept {answer_above:,} bytes\n"))
+    if figure:
+        outputs.append(new_output("display_data", data={"image/png": "iVBO", "text/plain": "<Figure>"}))
+    cells.append(new_code_cell("measure()", outputs=outputs))
+    cells.append(new_code_cell('guess = exercises.predict("02.kept", None)'))
+    if closing:
+        cells += [new_markdown_cell("## What you now know\n- a"), new_markdown_cell("## In your code\n```\n```")]
+    return new_notebook(cells=cells)
+
+
+def test_a_lesson_in_shape_has_no_problems():
+    assert lesson_shape.problems(lesson(), lambda key: 65536) == []
+
+
+def test_each_rule_is_reported():
+    broken = lesson_shape.problems(lesson(prose_words=200, lines=50, figure=False, closing=False))
+    assert any("no figure" in b for b in broken)
+    assert any("over 180 words" in b for b in broken)
+    assert any("lines of text output" in b for b in broken)
+    assert any("What you now know" in b for b in broken) and any("In your code" in b for b in broken)
+
+
+def test_an_answer_printed_above_its_question_is_caught():
+    nb = lesson(answer_above=65536)
+    assert lesson_shape.problems(nb, lambda key: 65536) == [
+        "02.kept: its answer '65,536' is printed above the question"]
+    assert lesson_shape.problems(nb, lambda key: 65537) == []         # another number is fine
+    assert lesson_shape.problems(nb, lambda key: None) == []          # no expected: not searched
+
+
+def test_short_answers_are_not_searched_for():
+    assert lesson_shape.renderings(4) == [] and "65,536" in lesson_shape.renderings(65536)
+
+
+def test_shaped_lessons_exist():
+    from ckpt_lab.lessons import course
+    assert lesson_shape.SHAPED <= set(course.LESSONS)
+
+
+def test_the_command_line_reports_each_lesson(tmp_path, capsys):
+    path = tmp_path / "00_x.ipynb"
+    nbformat.write(lesson(figure=False), path)
+    assert lesson_shape.main([str(path)]) == 1
+    assert "BAD 00_x.ipynb" in capsys.readouterr().out

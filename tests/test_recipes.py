@@ -1,0 +1,292 @@
+"""docs/recipes.md cannot drift: every code block runs (or, for other tools' configs, is checked
+against their sources), every figure equals its formula or the committed JSON it names, and no
+other number stands in its prose.
+
+Figures are links whose target is a committed JSON file or ckpt_lab/formulas.py and whose title
+says where the number comes from: a key path into the JSON (dots between keys, optionally
+`/ divisor`), or a Python expression over `formulas`. The shown number must equal the value
+rounded to the digits shown (a fraction such as 4/3 must equal it exactly).
+"""
+import json
+import os
+import re
+from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ckpt_lab import formulas
+from ckpt_lab.data import TextBatches, load_corpus
+from ckpt_lab.models import build_model, get_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "recipes.md"
+TEXT = PAGE.read_text()
+
+BLOCK = re.compile(r"<!-- test: ([\w-]+) -->\n```(\w+)\n(.*?)```", re.S)
+ANY_BLOCK = re.compile(r"```(\w*)\n.*?```", re.S)
+FIGURE = re.compile(r'\[([^\]]*\d[^\]]*)\]\(([^) "]+\.(?:json|py)) "([^"]+)"\)')
+LINK = re.compile(r"\]\(([^) \"]+)(?: \"[^\"]*\")?\)")
+BLOCKS = {name: (lang, code) for name, lang, code in BLOCK.findall(TEXT)}
+
+
+# ------------------------------------------------------------------------------ the figures
+def _shown(text: str):
+    """The number a figure shows: 1.33 in '×1.33', Fraction(4, 3) in '×4/3', 10.6 in '10.6 GB'."""
+    m = re.search(r"(\d+(?:\.\d+)?)(?:/(\d+))?", text)
+    if m.group(2):
+        return Fraction(int(m.group(1)), int(m.group(2))), None
+    digits = len(m.group(1).split(".")[1]) if "." in m.group(1) else 0
+    return float(m.group(1)), digits
+
+
+def _value(target: str, title: str) -> float:
+    if target.endswith(".json"):
+        path, _, divisor = title.partition(" / ")
+        node = json.loads((PAGE.parent / target).read_text())
+        for key in path.split("."):
+            node = node[key]
+        return node / float(divisor) if divisor else node
+    assert target.endswith("ckpt_lab/formulas.py"), target
+    return eval(title, {"formulas": formulas})
+
+
+FIGURES = FIGURE.findall(TEXT)
+
+
+def test_the_page_has_figures_of_both_kinds():
+    kinds = {target.rsplit(".", 1)[-1] for _, target, _ in FIGURES}
+    assert kinds == {"json", "py"} and len(FIGURES) >= 15
+
+
+@pytest.mark.parametrize("text, target, title", FIGURES, ids=[f[0] for f in FIGURES])
+def test_every_figure_is_its_formula_or_its_json(text, target, title):
+    shown, digits = _shown(text)
+    value = _value(target, title)
+    if isinstance(shown, Fraction):
+        assert abs(value - shown) < 1e-9, (text, value)
+    else:
+        assert round(value, digits) == shown, (text, value)
+
+
+def _prose(text: str) -> str:
+    """The page without code blocks, inline code, figures, link targets and HTML comments."""
+    text = ANY_BLOCK.sub("", text)
+    text = re.sub(r"<!--.*?-->", "", text)
+    text = FIGURE.sub("", text)
+    text = re.sub(r"`[^`]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return text
+
+
+ALLOWED = re.compile(r"lessons? \d+|GPT-2|H200|FSDP2|fp32|bf16|fp16")
+
+
+def test_no_other_number_in_the_prose():
+    """A number typed into the prose would rot: it must be a figure link (or code)."""
+    stray = [m.group(0) for m in re.finditer(r"\S*\d\S*", ALLOWED.sub("", _prose(TEXT)))]
+    assert stray == []
+
+
+def test_every_relative_link_exists_and_the_readme_and_site_link_here():
+    for target in LINK.findall(TEXT):
+        if not target.startswith("http"):
+            assert (PAGE.parent / target.split("#")[0]).exists(), target
+    assert "(docs/recipes.md)" in (ROOT / "README.md").read_text()
+    from tools import build_site
+    assert "docs/recipes.md" in build_site.DOCS                # a page of the site
+
+
+def test_every_code_block_is_tested():
+    assert len(ANY_BLOCK.findall(TEXT)) == len(BLOCK.findall(TEXT)) == len(BLOCKS)
+    for lang, code in BLOCKS.values():
+        if lang == "python" and "checkpoint" in code and "torch.utils.checkpoint" in code:
+            assert "use_reentrant=False" in code
+
+
+# --------------------------------------------------------------------------- the code blocks
+def _gpt():
+    cfg = get_config("gpt-tiny", dropout=0.0)
+    x, y = TextBatches(load_corpus(), 2, cfg.block_size, seed=0).get(0)
+    return build_model(cfg, "none"), x, y
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _plain(model, x, y):
+    model.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    loss.backward()
+    grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def _run(name: str, namespace: dict) -> dict:
+    lang, code = BLOCKS[name]
+    assert lang == "python"
+    exec(compile(code, f"recipes.md:{name}", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("name", ["blocks", "selective"])
+def test_block_checkpointing_recipes_give_the_plain_gradients(name):
+    gpt, x, y = _gpt()
+    loss, grads = _plain(gpt, x, y)
+    model = SimpleNamespace(embed=gpt.chain[0], blocks=gpt.blocks(), head=gpt.chain[-1],
+                            loss=gpt.loss)
+    ns = _run(name, {"model": model, "idx": x, "targets": y})
+    ns["loss"].backward()
+    assert torch.equal(ns["loss"].detach(), loss)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(gpt), grads))
+
+
+def test_checkpoint_sequential_recipe():
+    torch.manual_seed(0)
+    layers = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(16, 16), nn.GELU())])
+    x = torch.randn(4, 16, requires_grad=True)
+    ns = _run("sequential", {"layers": layers, "segments": 4, "x": x})
+    assert torch.equal(ns["out"], layers(x))
+    ns["out"].sum().backward()
+    assert x.grad is not None
+
+
+def test_compile_memory_budget_recipe():
+    import torch._functorch.config as functorch_config
+    before = functorch_config.activation_memory_budget
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
+    try:
+        ns = _run("compile", {"model": model, "x": torch.randn(4, 8)})
+        assert functorch_config.activation_memory_budget == 0.5
+        assert all(p.grad is not None for p in model.parameters())
+        assert ns["compiled"] is not model
+    finally:
+        functorch_config.activation_memory_budget = before
+        torch._dynamo.reset()
+
+
+def test_save_on_cpu_recipe_gives_the_plain_gradients():
+    gpt, x, y = _gpt()
+    loss, grads = _plain(gpt, x, y)
+    ns = _run("offload", {"model": gpt, "x": x, "targets": y})
+    assert torch.equal(ns["loss"].detach(), loss)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(gpt), grads))
+
+
+def test_hugging_face_recipe_checkpoints_without_the_cache():
+    from ckpt_lab.lessons import hf
+    model = hf.tiny_model("llama", layers=2, hidden=32, heads=4, kv_heads=2, seq=16)
+    ids = torch.randint(256, (2, 16), generator=torch.Generator().manual_seed(0))
+    plain = model(input_ids=ids, labels=ids).loss
+    plain.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    _run("hf", {"model": model})
+    assert model.config.use_cache is False
+    on = getattr(model, "is_activation_checkpointing", None)
+    assert on if on is not None else model.is_gradient_checkpointing
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert torch.equal(loss, plain)
+    assert all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())
+
+
+class _Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.GELU())
+                                     for _ in range(3)])
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_fsdp2_recipe_wraps_then_shards_in_one_process(monkeypatch):
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.distributed.fsdp import FSDPModule
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    torch.manual_seed(0)
+    model, x = _Blocks(), torch.randn(4, 8)
+    expected = model(x).detach()
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        _run("fsdp", {"model": model})
+        assert all(isinstance(b, CheckpointWrapper) and isinstance(b, FSDPModule)
+                   for b in model.blocks)
+        assert isinstance(model, FSDPModule)
+        out = model(x)
+        out.sum().backward()
+        assert torch.equal(out.detach(), expected)
+        assert all(p.grad is not None for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+# DeepSpeed's keys: ACT_CHKPT_* in deepspeed/runtime/activation_checkpointing/config.py
+# (microsoft/DeepSpeed), each with its default.
+DEEPSPEED_KEYS = {"partition_activations": False, "number_checkpoints": None,
+                  "contiguous_memory_optimization": False,
+                  "synchronize_checkpoint_boundary": False, "profile": False,
+                  "cpu_checkpointing": False}
+# Megatron-LM's flags: _add_training_args in megatron/training/arguments.py (NVIDIA/Megatron-LM).
+MEGATRON_FLAGS = {"--recompute-granularity": {"full", "selective"},
+                  "--recompute-method": {"uniform", "block"},
+                  "--recompute-num-layers": "int", "--recompute-activations": None}
+
+
+def test_deepspeed_config_uses_deepspeeds_keys():
+    lang, code = BLOCKS["deepspeed"]
+    assert lang == "json"
+    section = json.loads(code)["activation_checkpointing"]
+    assert section == DEEPSPEED_KEYS        # every key, at its default
+
+
+def test_megatron_flags_are_megatrons():
+    lang, code = BLOCKS["megatron"]
+    assert lang == "bash"
+    mentioned = set(re.findall(r"--[\w-]+", code))
+    assert mentioned <= set(MEGATRON_FLAGS) and "--recompute-activations" in mentioned
+    for line in code.splitlines():
+        words = line.split("#")[0].split()
+        for flag, value in zip(words, words[1:]):
+            allowed = MEGATRON_FLAGS.get(flag)
+            if isinstance(allowed, set):
+                assert value in allowed, (flag, value)
+            elif allowed == "int":
+                assert value.isdigit(), (flag, value)
+
+
+def test_alloc_conf_recipe_sets_expandable_segments():
+    lang, code = BLOCKS["alloc-conf"]
+    assert lang == "bash"
+    assignment = code.split()[0]
+    name, _, value = assignment.partition("=")
+    assert name == "PYTORCH_CUDA_ALLOC_CONF"
+    assert dict(kv.split(":") for kv in value.split(",")) == {"expandable_segments": "True"}
+    from benchmarks import gpu_check
+    assert gpu_check.ALLOC_CONF == name          # the GPU check measures this very setting
+
+
+def test_chunked_cross_entropy_recipe_is_the_models_loss():
+    gpt, x, y = _gpt()
+    head = gpt.chain[-1]
+    h = x
+    for layer in gpt.layers()[:-1]:
+        h = layer(h)
+    model = SimpleNamespace(final_norm=head.ln, lm_head=head.out)
+    ns = _run("chunked", {"model": model, "h": h, "targets": y})
+    torch.testing.assert_close(ns["loss"], F.cross_entropy(gpt(x).reshape(-1, 256),
+                                                           y.reshape(-1)),
+                               rtol=1e-5, atol=1e-7)

@@ -1,0 +1,132 @@
+"""The shape a learner meets in an executed lesson, and the rules a reshaped lesson keeps.
+
+``python tools/lesson_shape.py artifacts/executed/[0-9]*.ipynb`` prints one line per lesson.
+notebooks/conftest.py applies `problems` to every lesson in `SHAPED` after nbval ran it, so the
+test run fails when a lesson grows a wall of output, loses its figure or its closing sections,
+or shows an exercise's answer above the question.
+
+The rules (the lesson-form issue): at least one figure; no prose cell over 180 words; at most
+45 lines of text output; the lesson closes with "What you now know" and "In your code"; no
+output above a prediction or check shows the answer it asks for.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+import nbformat
+
+# Lessons already in the lesson form; the conftest holds each of them to every rule.
+SHAPED: set[str] = {"00_tour", "01_where_memory_goes", "02_checkpointing_from_scratch",
+                     "03_segments_and_sqrt_l", "08_capacity_and_oom", "09_checking_the_claims",
+                     "10_your_own_model", "11_checkpointing_in_your_stack", "12_scale_out"}
+
+MAX_PROSE_WORDS = 180
+MAX_TEXT_LINES = 45
+FIGURE_MIMES = ("image/png", "image/svg+xml", "application/vnd.jupyter.widget-view+json")
+_QUESTION = re.compile(r"exercises\.(?:predict|check)\(\s*[\"'](\d\d\.\w+)[\"']")
+
+
+@dataclass
+class Shape:
+    """What one executed lesson shows a learner."""
+
+    figures: int
+    longest_prose: int
+    prose_over_limit: int
+    text_lines: int
+    what_you_know: bool
+    in_your_code: bool
+
+
+def _text(output) -> str:
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    data = output.get("data", {})
+    text = data.get("text/plain", "")
+    if "text/html" in data and not text:
+        text = re.sub(r"<[^>]+>", "", data["text/html"])
+    if output.get("output_type") == "error":
+        text = "\n".join(output.get("traceback", []))
+    return text
+
+
+def shape(nb) -> Shape:
+    """Count figures, prose words, text lines and the closing sections of an executed notebook."""
+    words = [len(c.source.split()) for c in nb.cells if c.cell_type == "markdown"]
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    figures = sum(any(m in o.get("data", {}) for m in FIGURE_MIMES) for o in outputs)
+    lines = sum(len(_text(o).splitlines()) for o in outputs)
+    tail = " ".join(c.source for c in nb.cells[-4:] if c.cell_type == "markdown").lower()
+    return Shape(figures, max(words or [0]), sum(w > MAX_PROSE_WORDS for w in words), lines,
+                 "what you now know" in tail, "in your code" in tail)
+
+
+def renderings(value) -> list[str]:
+    """The ways a lesson might print an answer (numbers only; short ones are too common)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return []
+    from ckpt_lab.lessons.units import fmt_bytes
+    forms = {f"{value:,.0f}", f"{value:.0f}", f"{value:.2f}", f"{value:.3g}", f"{value:,.2f}"}
+    if abs(value) >= 1024:
+        forms.add(fmt_bytes(value))
+    return sorted(f for f in forms if len(f.replace(",", "").replace(".", "").strip("0")) >= 3)
+
+
+def answers_on_screen(nb, expected_of) -> list[str]:
+    """Questions whose measured answer already shows in an output above them.
+
+    `expected_of(key)` returns the right answer of an exercise, or None when it has no
+    `expected` function; only answers with a distinctive rendering are searched for.
+    """
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for key in _QUESTION.findall(cell.source):
+            value = expected_of(key)
+            if value is None:
+                continue
+            above = "\n".join(_text(o) for c in nb.cells[:index] for o in c.get("outputs", []))
+            shown = [r for r in renderings(value) if re.search(rf"(?<![\d.]){re.escape(r)}(?![\d])", above)]
+            if shown:
+                found.append(f"{key}: its answer {shown[0]!r} is printed above the question")
+    return found
+
+
+def problems(nb, expected_of=lambda key: None) -> list[str]:
+    """Every rule of the lesson form this executed notebook breaks."""
+    s = shape(nb)
+    out = []
+    if s.figures < 1:
+        out.append("no figure")
+    if s.prose_over_limit:
+        out.append(f"{s.prose_over_limit} prose cell(s) over {MAX_PROSE_WORDS} words "
+                   f"(longest {s.longest_prose})")
+    if s.text_lines > MAX_TEXT_LINES:
+        out.append(f"{s.text_lines} lines of text output (at most {MAX_TEXT_LINES})")
+    if not s.what_you_know:
+        out.append("no closing 'What you now know'")
+    if not s.in_your_code:
+        out.append("no closing 'In your code'")
+    return out + answers_on_screen(nb, expected_of)
+
+
+def main(paths: list[str]) -> int:
+    """Print one line per lesson; exit 1 when any breaks a rule."""
+    bad = 0
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        s, broken = shape(nb), problems(nb)
+        bad += bool(broken)
+        print(f"{'BAD' if broken else 'OK '} {path.split('/')[-1]:42s} figures {s.figures:2d}  "
+              f"longest prose {s.longest_prose:3d}  text lines {s.text_lines:3d}  "
+              f"closing {'yes' if s.what_you_know and s.in_your_code else 'no'}"
+              + (f"  ({'; '.join(broken)})" if broken else ""))
+    print(f"{len(paths) - bad}/{len(paths)} lessons in shape")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
