@@ -1204,16 +1204,18 @@ def _keeping_input(layers, a: int, b: int):
     input in place (``nn.ReLU(inplace=True)`` first, or after layers returning views of it):
     the checkpoint keeps that input to run the segment again, which would start from the
     overwritten values (the checkpoint's own check would say so only in backward)."""
+    segment = layers[a:b]              # only these: the checkpoint finds its modules by closure
+
     def run(x):
         version, h = x._version, x
-        for j in range(a, b):
-            h = layers[j](h)
+        for j, layer in enumerate(segment, start=a):
+            h = layer(h)
             if x._version != version:
                 fix = (f"Start that segment at layer {j + 1} instead" if a > 0 else
                        "The first segment keeps the chain's own input, so no plan but "
                        "boundaries=[0] (no checkpoint) can run this chain as it is")
                 raise ValueError(
-                    f"checkpoint_sequential: layer {j} ({layers[j]!r}) writes the input of the "
+                    f"checkpoint_sequential: layer {j} ({layer!r}) writes the input of the "
                     f"checkpointed segment starting at layer {a} in place; the checkpoint keeps "
                     "that input to run the segment again in backward, and would run it on the "
                     f"overwritten values. {fix}, or make the layer out of place "

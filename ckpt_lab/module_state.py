@@ -11,7 +11,9 @@ things can make it read something else than the forward did, each a silent wrong
 * a parameter or buffer was replaced by another object (``m.weight = nn.Parameter(...)``).
 
 `ModuleState` makes the first and the third exact and refuses the second, for the modules the
-checkpoint finds (``checkpoint._modules_of``) and their submodules:
+checkpoint finds (``checkpoint._modules_of``) and their submodules, of which it keeps watching
+the buffers of those that ran in the forward (a buffer read outside its module's forward is
+caught only by ``determinism_check="fingerprint"``):
 
 * at the forward's entry it records every parameter and buffer object and its version, and
   copies the *persistent* buffers (those in ``state_dict``: the module's state; a
@@ -97,12 +99,16 @@ class ModuleState:
 
     @contextlib.contextmanager
     def watching(self):
-        """The forward: what it saves is noted (`saw_saved`); then `settle`."""
+        """The forward: the modules that run and what it saves are noted; then `settle`."""
         states = _watching()
         states.append(self)
+        self.ran = set()
+        hook = nn.modules.module.register_module_forward_pre_hook(
+            lambda module, args: self.ran.add(id(module)))
         try:
             yield
         finally:
+            hook.remove()
             states.remove(self)
         self.settle()
 
@@ -113,7 +119,17 @@ class ModuleState:
             b.mode = _SAVED
 
     def settle(self):
-        """After the forward: keep the entry copies of buffers it changed, drop the others."""
+        """After the forward: keep the entry copies of buffers it changed, drop the others.
+
+        Only buffers the forward changed or could read stay watched: those of modules that ran
+        in it. A closure over a whole model (``lambda h: self.blocks[i](h)``) reaches every
+        block, and the batch norms of later blocks update their statistics before this
+        checkpoint's backward: that is no change to what this recompute reads."""
+        ran = getattr(self, "ran", None)
+        if ran is not None:
+            self.buffers = [b for b in self.buffers if id(b.module) in ran
+                            or b.module._buffers.get(b.name) is not b.obj
+                            or b.obj._version != b.version]
         for b in self.buffers:
             if b.module._buffers.get(b.name) is not b.obj or b.obj._version != b.version:
                 b.mode = _CHANGED

@@ -233,3 +233,50 @@ def test_policy_and_context_fn_are_one_or_the_other():
     context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, _save_matmuls)
     with pytest.raises(ValueError, match="not both"):
         checkpoint(_block(), torch.randn(2, 32), policy="save_matmuls", context_fn=context_fn)
+
+
+# ----------------------------------------- a closure over a whole model: only what ran is watched
+class _BlocksWithBatchNorm(nn.Module):
+    """Three blocks with batch norm, each checkpointed through a closure over the whole model
+    (how models often call a checkpoint from their own forward)."""
+
+    def __init__(self, impl=None, late_binding=False):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU())
+                                    for _ in range(3))
+        self.impl, self.late_binding = impl, late_binding
+
+    def forward(self, h):
+        for i in range(3):
+            if self.impl is None:
+                h = self.blocks[i](h)
+            elif self.late_binding:          # the classic bug: i is read when the lambda runs
+                h = checkpoint(lambda t: self.blocks[i](t), h, impl=self.impl)
+            else:
+                h = checkpoint(lambda t, i=i: self.blocks[i](t), h, impl=self.impl)
+        return h
+
+
+@pytest.mark.parametrize("impl", ["hooks", "reentrant"])
+def test_later_blocks_updating_their_statistics_do_not_trip_an_earlier_checkpoint(impl):
+    torch.manual_seed(0)
+    plain = _BlocksWithBatchNorm()
+    ours = _BlocksWithBatchNorm(impl)
+    ours.load_state_dict(plain.state_dict())
+    grads = []
+    for model in (plain, ours):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        model(x).square().sum().backward()
+        grads.append([x.grad] + [p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert [int(b[1].num_batches_tracked) for b in ours.blocks] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("impl", ["hooks", "reentrant"])
+def test_a_lambda_that_reads_its_loop_variable_late_is_refused(impl):
+    """The recompute would run the last block, not the one the forward ran: torch's checkpoint
+    computes that gradient silently; ckpt_lab sees another parameter object and refuses."""
+    torch.manual_seed(0)
+    model = _BlocksWithBatchNorm(impl, late_binding=True)
+    with pytest.raises(CheckpointError):
+        model(torch.randn(16, 8, requires_grad=True)).sum().backward()
