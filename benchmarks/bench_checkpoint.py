@@ -1,8 +1,11 @@
 """Time and peak of ckpt_lab.checkpoint (both designs) against torch.utils.checkpoint.
 
-Each repeat runs the three variants back to back in a rotating order (paired repeats), after
-warm-up; the JSON reports medians, the ratio ours / PyTorch's for time and peak, and the goal
-(peak within 1%, time within 10%). Run: python -m benchmarks.bench_checkpoint
+Each repeat runs the variants back to back in a rotating order (paired repeats), after
+warm-up; the JSON reports medians, the ratio ours / PyTorch's for time and peak, the goal
+(peak within 1%, time within 10%), and what ``determinism_check="fingerprint"`` costs (each
+design with and without it; ``paired_time`` is the median of the per-repeat ratios, steadier
+than the ratio of medians on a busy machine).
+Run: python -m benchmarks.bench_checkpoint
 """
 from __future__ import annotations
 
@@ -33,6 +36,11 @@ def _variants(segments: int) -> dict:
         "ours_hooks": lambda m, x: checkpoint_sequential(m, x, segments=segments, impl="hooks"),
         "ours_reentrant": lambda m, x: checkpoint_sequential(m, x, segments=segments,
                                                             impl="reentrant"),
+        # the same with a fingerprint of every recomputed tensor (determinism_check)
+        "ours_hooks_fingerprint": lambda m, x: checkpoint_sequential(
+            m, x, segments=segments, impl="hooks", determinism_check="fingerprint"),
+        "ours_reentrant_fingerprint": lambda m, x: checkpoint_sequential(
+            m, x, segments=segments, impl="reentrant", determinism_check="fingerprint"),
         "torch_nonreentrant": lambda m, x: tuc.checkpoint_sequential(m, segments, x,
                                                                      use_reentrant=False),
         "torch_reentrant": lambda m, x: tuc.checkpoint_sequential(m, segments, x,
@@ -84,6 +92,14 @@ def main(out_path: Path | None = None, quick: bool = False) -> dict:
                 "time": med["ours_reentrant"] / med["torch_reentrant"],
                 "peak": peaks["ours_reentrant"] / peaks["torch_reentrant"]},
         },
+        # what determinism_check="fingerprint" costs: with / without it, per design
+        "fingerprint_cost": {
+            impl: {"time": med[f"ours_{impl}_fingerprint"] / med[f"ours_{impl}"],
+                   "peak": peaks[f"ours_{impl}_fingerprint"] / peaks[f"ours_{impl}"],
+                   "paired_time": statistics.median(
+                       a / b for a, b in zip(times[f"ours_{impl}_fingerprint"],
+                                             times[f"ours_{impl}"]))}
+            for impl in ("hooks", "reentrant")},
         "goal": {"peak_ratio_within": 0.01, "time_ratio_within": 0.10},
     }
     path = Path(out_path) if out_path else OUT
@@ -96,3 +112,6 @@ if __name__ == "__main__":
     res = main()
     for k, v in res["ratios"].items():
         print(f"{k:32s} time x{v['time']:.3f}  peak x{v['peak']:.4f}")
+    for k, v in res["fingerprint_cost"].items():
+        print(f"fingerprint, {k:19s} time x{v['time']:.3f} (paired x{v['paired_time']:.3f})"
+              f"  peak x{v['peak']:.4f}")

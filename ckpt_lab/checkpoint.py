@@ -12,8 +12,10 @@ Read it top to bottom. First the two designs, each in its minimal form (about 25
    recomputed tensors to the original graph, in the order they were saved.
 
 Both are exact for a deterministic function that nobody modifies in place. Everything else a
-real checkpoint must guard against, each a silent wrong gradient otherwise, is layered on top
-(section "the checks"), then assembled into ``_Reentrant`` and ``_Frame``:
+real checkpoint must guard against, each a silent wrong gradient otherwise (most of them in
+``torch.utils.checkpoint`` too: ``tests/adversarial_cases.py`` is the catalogue, with each
+design's outcome), is layered on top (section "the checks"), then assembled into
+``_checkpoint_reentrant`` and ``_Frame``:
 
 * RNG: the generators of the CPU and of every CUDA device found in the arguments (nested in
   lists, tuples and dicts too) and in the parameters of an ``nn.Module`` function are replayed,
@@ -21,16 +23,55 @@ real checkpoint must guard against, each a silent wrong gradient otherwise, is l
   argument; a device whose generator is not replayed is refused (meta tensors, which hold
   no values, are exempt).
 * autocast: the recompute runs under the autocast settings of the forward.
+* grad mode (reentrant): the full reentrant design runs its forward with grad enabled, as the
+  caller does, under a pack hook that keeps nothing; code that asks ``torch.is_grad_enabled()``
+  (``nn.TransformerEncoder``'s and ``nn.MultiheadAttention``'s fast paths in eval) takes the
+  same branch in forward and recompute. (Under ``no_grad`` the forward took the fast path and
+  the recompute the slow one: PyTorch's reentrant checkpoint is wrong there.)
+* module state (``ckpt_lab.module_state``): the modules the function uses (the function
+  itself, its ``self``, its closure, a ``partial``'s arguments, the globals it reads, its
+  arguments, and modules held in lists, tuples, dicts and plain objects' attributes among
+  those) have their parameters and buffers recorded when the forward starts. A buffer the
+  forward changes (a ``FakeQuantize`` observer, ``spectral_norm``'s power iteration, a
+  ``self.step += 1`` counter, batch norm's running statistics) is recomputed from a copy of
+  its value at the start and put back afterwards, as the RNG is: the recompute sees what the
+  forward saw and the module keeps one update. A parameter or buffer replaced by another
+  object between forward and backward is swapped back for the recompute (plain autograd's
+  graph also holds the old one); a buffer modified in place then is refused.
 * versions: plain autograd refuses a saved tensor modified in place ("modified by an inplace
   operation"); a checkpoint saves no tensor for autograd to check, so it checks by itself:
-  its tensor arguments (positional, keyword, nested), the parameters of the modules the
-  function uses (the function itself, its ``self``, its closure, a ``partial``'s arguments, the
-  globals it reads), and (hooks) every tensor the function saved, through a storage-less alias
-  that shares the tensor's version counter (``_probe``). Not seen: a captured tensor that is
-  no parameter and that no operation saves (with the reentrant design: any captured tensor
-  that is no parameter); keep what the function reads unchanged until backward.
+  its tensor arguments (positional, keyword, nested), the parameters of the modules above,
+  every leaf tensor requiring grad that the forward's graph reaches (``_graph_leaves``: a
+  parameter however the function found it, e.g. ``partial(F.linear, weight=w)``), and every
+  tensor the function saved, through a storage-less alias that shares the tensor's version
+  counter (``_probe``). An optimizer step before backward is refused in both designs. Not
+  seen: a captured tensor that needs no grad and that no operation saves; keep what the
+  function reads unchanged until backward.
+* parameters as inputs (reentrant): the graph walk also tells the reentrant node which
+  parameters the function read; it takes them as inputs and differentiates its recompute with
+  ``torch.autograd.grad``, so ``backward(inputs=[p])``, ``torch.autograd.grad`` and an input
+  that needs no grad (a frozen embedding under LoRA) all give plain autograd's gradients.
+  Arguments and outputs nested in lists, tuples and dicts are flattened (``torch.utils._pytree``)
+  so each tensor in them is connected. A captured tensor with a history (a non-leaf from
+  outside) cannot be connected: it is refused, pass it as an argument.
 * metadata: every recomputed saved tensor (or output) must have the forward's shape, dtype and
   device; a function that branches on global state is refused instead of mis-differentiated.
+* fingerprint (``determinism_check="fingerprint"``, off by default): a digest of every saved
+  tensor's bits (``_fingerprint``: its bytes as 64-bit integers, summed with wrap-around) taken
+  in the forward and again in the recompute (reentrant: of every output); a difference raises
+  ``CheckpointError`` naming the tensor and the op that made it. It catches what nothing above
+  sees: a generator the function finds by itself, another thread drawing from the global one,
+  state of a module the search above misses, ``p.data`` edits, nondeterministic kernels. Its
+  cost, measured on ``benchmarks/bench_checkpoint.py``'s model (16 blocks
+  Linear(512)-GELU-Dropout, batch 256, 4 segments; a 2-core CPU shared with other jobs, one
+  thread, median of 30 paired ratios of process CPU time): +10.2% step time for
+  ``impl="hooks"`` (it reads every saved tensor twice more), +1.6% for ``impl="reentrant"``
+  (outputs only); on the quick size (width 128, batch 64) +23% and +11%. (Wall clock, 40
+  repeats on a quieter moment: +10.6% and +2.2%.) That is about the 10% by which the
+  benchmark allows ckpt_lab to trail ``torch.utils.checkpoint``, for one check among many,
+  so it is off by default: ``"default"`` (PyTorch's default value) compares shapes, dtypes and
+  devices, as PyTorch does, and ``"none"`` means the same here (the metadata check costs
+  nothing and stays on). Every case of the catalogue is exact or refused without it.
 * early stop (hooks): the recompute stops as soon as it has produced the last tensor backward
   needs (``early_stop=False`` runs the whole function again; lesson 4 measures the difference),
   at an op boundary: an op that writes into an argument it saved (``nn.RReLU``'s noise buffer,
@@ -38,8 +79,17 @@ real checkpoint must guard against, each a silent wrong gradient otherwise, is l
 * nesting (hooks): a checkpoint's inputs are saved through whatever hooks are active, so a
   checkpoint inside a checkpoint frees its inputs too (what makes ``checkpoint_recursive``
   O(log L)); a ``torch.autograd.grad`` inside the function works in forward and in recompute.
+* ``torch.compile``: ``checkpoint`` is excluded from Dynamo (``torch._disable_dynamo``, as
+  PyTorch's own is), so a compiled function that calls it breaks its graph there and runs the
+  checkpointed region eagerly, with the gradients above; the code around it is compiled (a
+  call inside a loop makes Dynamo run the whole enclosing function eagerly and compile only
+  the functions it calls outside the checkpoints: Dynamo cannot resume inside a loop).
+  Without this Dynamo traced into the checks and backward raised a bare ``StopIteration``.
+  ``benchmarks/bench_compile.py`` measures what the eager region costs against PyTorch's
+  checkpoint, which Dynamo compiles as a higher-order op.
 
-What no checkpoint can fix (``tests/test_checkpoint_limits.py`` shows each):
+What no checkpoint can make exact (``tests/test_checkpoint_limits.py`` shows each; with
+``determinism_check="fingerprint"`` ckpt_lab refuses them):
 
 * a custom ``torch.Generator`` that the function reaches by itself (a global, a closure, a
   module attribute): the checkpoint cannot see it, so the recompute draws other numbers. Pass
@@ -48,28 +98,31 @@ What no checkpoint can fix (``tests/test_checkpoint_limits.py`` shows each):
 * the global generator shared across threads: if another thread draws from it while the
   forward runs, the forward's numbers depend on that interleaving, which the recompute does not
   see again. Give each thread its own generator, or keep random ops out of the checkpoint.
-* BatchNorm in training mode updates its running statistics in the recompute a second time;
-  outputs and gradients are right, the statistics move with about twice the momentum. Use
-  ``ckpt_lab.models.RecomputeSafeBatchNorm2d`` or keep batch norm out of the checkpoint.
+* state of a module the search above does not find (one in a global dict, or held deeper than
+  one plain object): its buffers are neither replayed nor checked. Pass the module as an
+  argument, or checkpoint a function bound to it.
 
 Where ckpt_lab behaves differently from ``torch.utils.checkpoint``, on purpose:
 
-* a parameter modified in place between forward and backward (an optimizer step), or a
-  saved tensor modified in place inside the function, raises ``CheckpointError`` where torch
-  returns wrong gradients silently.
+* every row of the catalogue where torch is silently wrong: modules that change their own
+  buffers (and batch norm, whose statistics torch updates twice), state changed between
+  forward and backward, an optimizer step before backward, and (reentrant) grad-mode branches,
+  nested outputs, ``backward(inputs=[p])``, inputs that need no grad.
 * a custom ``autograd.Function`` that reads ``ctx.saved_tensors`` twice gets the same tensors
   again, without another forward (torch raises).
 * an op that fills a buffer after saving it (``nn.RReLU`` in training) gets the filled buffer;
   torch's early stop hands backward the unfilled one, whatever memory held (pytorch/pytorch
-  #193671), unless ``torch.utils.checkpoint.set_checkpoint_early_stop(False)``.
-* ``impl="reentrant"`` refuses a call where no tensor argument requires grad: torch runs it,
-  but then the output has no ``grad_fn`` and every parameter inside silently gets no gradient
-  (the trap of a frozen embedding or a LoRA adapter). Make the input require grad
-  (``x.requires_grad_()``, what ``enable_input_require_grads`` does) or use ``impl="hooks"``.
+  #193671), unless its early stop is turned off, a context manager:
+  ``with torch.utils.checkpoint.set_checkpoint_early_stop(False): ...``.
+* ``impl="reentrant"`` accepts keyword tensor arguments, tensors nested in arguments and
+  outputs, ``torch.autograd.grad``, and a function that saves nothing for grad; it refuses a
+  function that differentiates inside its own forward (use ``impl="hooks"``).
 * no diagnostic when no output requires grad (``impl="hooks"``): then no operation inside
   saved anything through the checkpoint, which costs and changes nothing, as in a plain run.
-* not supported: ``context_fn`` (``policy`` plays its role), ``debug``, ``determinism_check``
-  (the metadata check is always on) and ``GraphExecGroup``; ``use_reentrant`` is ``impl``.
+* ``context_fn`` is accepted in both designs (torch: non-reentrant only), so a policy built
+  with ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` runs unchanged;
+  ``policy`` is ckpt_lab's own selective checkpointing (one or the other).
+* not supported: ``debug`` and ``GraphExecGroup``; ``use_reentrant`` is ``impl``.
 
 ``torch.utils.checkpoint`` is the oracle in the tests; nothing here calls it.
 """
@@ -87,8 +140,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .memory import phase
+from .module_state import ModuleState, saw_saved
 from .selective import SelectiveFunction
 
 IMPLS = ("hooks", "reentrant")
@@ -170,12 +225,22 @@ def _leaves(args, kwargs) -> list[tuple[str, object]]:
     return out
 
 
+_CONTAINERS = (nn.Module, list, tuple, dict, functools.partial, types.MethodType,
+               types.FunctionType, types.SimpleNamespace)
+
+
 def _modules_of(fn, leaves) -> list[nn.Module]:
-    """Modules whose parameters ``fn`` uses: itself, its ``self``, its closure, its arguments."""
+    """Modules ``fn`` may use: reachable from it, its closure, globals and arguments."""
+    # itself, its ``self``, its closure, a ``partial``'s arguments, the globals it reads, its
+    # arguments, and modules held in lists, tuples, dicts and plain objects' attributes among
+    # those (one plain object deep)
     found = [m for _, m in leaves if isinstance(m, nn.Module)]
-    todo = [fn]
+    todo, seen = [fn], set()
     while todo:
         f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
         if isinstance(f, nn.Module):
             found.append(f)
         elif isinstance(f, functools.partial):
@@ -183,20 +248,31 @@ def _modules_of(fn, leaves) -> list[nn.Module]:
         elif inspect.ismethod(f):
             todo.append(f.__self__)
         elif isinstance(f, (list, tuple)):
-            todo += [m for m in f if isinstance(m, nn.Module)]
+            todo += [v for v in f if isinstance(v, _CONTAINERS)]
+        elif isinstance(f, dict):
+            todo += [v for v in f.values() if isinstance(v, _CONTAINERS)]
         elif isinstance(f, types.FunctionType):
             for cell in f.__closure__ or ():
                 try:
                     v = cell.cell_contents
                 except ValueError:             # a cell not filled yet
                     continue
-                if isinstance(v, (nn.Module, list, tuple, functools.partial, types.MethodType)):
+                if isinstance(v, _CONTAINERS) or _plain_object(v):
                     todo.append(v)          # (a wrapped module's forward is a bound method)
             for name in _global_names(f.__code__):
                 v = f.__globals__.get(name)
-                if isinstance(v, nn.Module):
+                if isinstance(v, (nn.Module, list, tuple, dict)):
                     todo.append(v)
+        elif _plain_object(f):                 # a user's object holding modules as attributes
+            todo += [v for v in vars(f).values() if isinstance(v, (nn.Module, list, tuple, dict))]
     return list({id(m): m for m in found}.values())
+
+
+def _plain_object(v) -> bool:
+    """An instance of a user's class (not a tensor, module, type or builtin) with attributes."""
+    return (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, nn.Module, type,
+                                                           types.ModuleType))
+            and type(v).__module__ not in ("builtins", "torch"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -289,7 +365,8 @@ def _probe(t: torch.Tensor) -> torch.Tensor | None:
 
 @dataclass
 class _Versions:
-    """The version of each tensor argument and module parameter when the forward began."""
+    """The version of each tensor argument and module parameter when the forward began, and
+    of each leaf tensor requiring grad that the forward read (`_graph_leaves`) when it ended."""
 
     inputs: list[tuple[str, weakref.ref, int]]
     params: list[tuple[nn.Parameter, int]]
@@ -300,6 +377,11 @@ class _Versions:
         return _Versions([(name, weakref.ref(t), t._version) for name, t in leaves
                           if isinstance(t, torch.Tensor)],
                          [(p, p._version) for p in params], modules)
+
+    def add(self, tensors):
+        """Also check these (the leaves the forward read), from their version now on."""
+        known = {id(p) for p, _ in self.params}
+        self.params += [(t, t._version) for t in tensors if id(t) not in known]
 
     def check(self):
         """Refuse if an argument or a parameter was modified in place since the forward."""
@@ -325,11 +407,15 @@ class _Versions:
             for name, q in m.named_parameters():
                 if q is p:
                     return f"parameter '{name}' of {type(m).__name__}"
-        return "a parameter"
+        return f"a tensor {_describe(p)} that requires grad and that the function reads"
 
 
 def _describe(t: torch.Tensor) -> str:
-    return f"({tuple(t.shape)}, {str(t.dtype).replace('torch.', '')})"
+    return _describe_meta(_meta(t))
+
+
+def _describe_meta(meta: tuple) -> str:
+    return f"({tuple(meta[0])}, {str(meta[1]).replace('torch.', '')})"
 
 
 def _modified_saved_tensor(i: int, shape, dtype, now: int, then: int) -> CheckpointError:
@@ -363,44 +449,261 @@ def _fresh(t):
     return t
 
 
+# -------------------------------------------------------------- what the forward read
+_ACCUMULATE = torch._C._functions.AccumulateGrad
+
+
+def _graph_leaves(outputs, since: int, inputs) -> tuple[list, list]:
+    """The leaves requiring grad and the outside nodes that the forward's graph reaches."""
+    # Walks back from the outputs to where the forward began: the leaves are parameters,
+    # wherever the function found them (a module, a dict, an attribute, a partial(F.linear,
+    # weight=w)); a node made before `since` (the autograd sequence number when the forward
+    # began) that is no input's own is the history of a tensor the function captured.
+    # One Python step per node.
+    skip = {id(t) for t in inputs}
+    own = {t.grad_fn for t in inputs if t.grad_fn is not None}
+    todo = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    seen, leaves, before = set(), [], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node) is _ACCUMULATE:
+            if id(node.variable) not in skip:
+                leaves.append(node.variable)
+        elif node._sequence_nr() < since:
+            if node not in own:
+                before.append(node)
+        else:
+            todo += [f for f, _ in node.next_functions]
+    return leaves, before
+
+
+# ----------------------------------------------------------------------------- fingerprint
+_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    """A 0-dim digest of ``t``'s bits: its bytes as 64-bit integers, summed with wrap-around."""
+    # Any single changed bit changes it; integer addition does not depend on the order of the
+    # reduction (threads, kernels); it needs no temporary (a float64 sum of a float32 tensor
+    # makes a float64 copy first: 8 MB for a 4 MB tensor, measured). It runs below the Python
+    # dispatch modes, so a policy, a selective checkpoint or track_memory never sees it (nor
+    # its 8-byte result). A tensor whose rows do not split into 64-bit words (a non-contiguous
+    # view) is read in words of its own width. None without plain strided storage.
+    if type(t) not in _PLAIN or t.layout != torch.strided or t.is_meta:
+        return None
+    size = t.element_size()
+    whole = _INT.get(size)
+    if whole is None:
+        return None
+    with torch._C._DisableTorchDispatch():
+        d = t.detach()
+        if _in_words(d.shape, d.stride(), d.storage_offset(), size):
+            return d.view(torch.int64).sum()
+        if d.is_contiguous() and d.storage_offset() * size % 8 == 0 and d.dim() > 0:
+            flat = d.view(-1)
+            head = flat.numel() - flat.numel() % (8 // size)
+            return (flat[:head].view(torch.int64).sum()
+                    + flat[head:].view(whole).sum(dtype=torch.int64))
+        return d.view(whole).sum(dtype=whole)
+
+
+def _in_words(shape, stride, offset: int, size: int) -> bool:
+    """Whether a tensor of ``size``-byte elements can be viewed as 64-bit words in place."""
+    if size == 8:
+        return True
+    k = 8 // size
+    return (len(shape) > 0 and (stride[-1] == 1 or shape[-1] == 1) and shape[-1] % k == 0
+            and offset % k == 0 and all(st % k == 0 for st in stride[:-1]))
+
+
+def _first_difference(rows) -> int | None:
+    """First row (i, forward's, recompute's, recompute's at the end) that differs; or None."""
+    # A row counts only if the recompute's own fingerprint stayed put until the end (see
+    # _Frame._compare). One host sync per device.
+    by_device: dict = {}
+    for k, row in enumerate(rows):
+        by_device.setdefault(row[1].device, []).append((k, *row[1:4]))
+    first = None
+    with torch._C._DisableTorchDispatch(), torch.no_grad():
+        for group in by_device.values():
+            fwd, rec, end = (torch.stack([g[j] for g in group]) for j in (1, 2, 3))
+            bad = (fwd != rec) & (rec == end)
+            if bool(bad.any()):
+                k = group[int(bad.nonzero()[0, 0])][0]
+                first = k if first is None else min(first, k)
+    return first
+
+
+def _op_name(node_class) -> str:
+    """``TanhBackward0`` -> ``tanh``: the operation whose backward node class this is."""
+    if node_class is None or node_class is type(None):
+        return "an operation"
+    name = node_class.__name__
+    for tail in ("Backward0", "Backward1", "Backward"):
+        if name.endswith(tail):
+            name = name[: -len(tail)]
+            break
+    return name.lower() or "an operation"
+
+
+def _differs(what: str, op: str) -> CheckpointError:
+    return CheckpointError(
+        f"{what}, made by {op}, has other values in the recompute than in the forward (its "
+        "fingerprint differs): the function read something that changed since the forward "
+        "(state of a module ckpt_lab does not see, a global, a flag) or ran a nondeterministic "
+        "kernel. Keep what it reads unchanged until backward or pass it as an argument; for a "
+        "kernel nondeterministic by design pass determinism_check='none'.")
+
+
 # ================================================================ 3. the two designs, full
 _TENSOR = object()   # marks an argument slot that the saved tensors fill
 
 
+def _flatten(tree) -> tuple[list, object]:
+    """``tree_flatten``, with a shortcut for a tensor or a flat tuple/list (spec None, list)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree], None
+    if type(tree) in (tuple, list) and not any(isinstance(v, (list, tuple, dict))
+                                               for v in tree):
+        return list(tree), type(tree)
+    return tree_flatten(tree)
+
+
+def _unflatten(flat: list, spec):
+    """The inverse of `_flatten`."""
+    if spec is None:
+        return flat[0]
+    if spec in (tuple, list):
+        return spec(flat)
+    return tree_unflatten(flat, spec)
+
+
+@dataclass
+class _Guards:
+    """Everything one call checks and replays, shared by both designs."""
+
+    replay: _Replay
+    versions: _Versions
+    state: ModuleState
+    recompute_context: object        # context_fn's second context manager (or None)
+    fingerprint: bool                # determinism_check="fingerprint"
+
+    def check(self, saved):
+        """Refuse if anything the recompute reads changed since the forward (see _Versions)."""
+        self.versions.check()
+        self.state.check(CheckpointError)
+        for i, s in enumerate(saved):
+            if s.edited():
+                raise _modified_saved_tensor(i, s.meta[0], s.meta[1], s.probe._version,
+                                             s.version)
+
+    @contextlib.contextmanager
+    def recomputing(self):
+        """Run the block as the forward ran: generators, autocast, module state, context."""
+        undo = self.state.swap_in()
+        try:
+            with self.replay.restored(), torch.enable_grad(), phase("recompute"), \
+                    (self.recompute_context or contextlib.nullcontext()):
+                yield
+        finally:
+            self.state.swap_out(undo)
+
+
 class _Reentrant(torch.autograd.Function):
-    """``MinimalReentrant`` plus the checks: any positional arguments, RNG, versions, metadata."""
+    """The reentrant node: hands on the outputs its forward (`_checkpoint_reentrant`) made;
+    its backward re-runs the function and differentiates it in a nested backward."""
 
     @staticmethod
-    def forward(ctx, fn, replay, versions, *args):
-        ctx.fn, ctx.replay, ctx.versions = fn, replay, versions
-        ctx.slots = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
-        ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
-        with torch.no_grad():
-            out = fn(*args)
-        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        ctx.out_meta = [_meta(o) if isinstance(o, torch.Tensor) else None for o in outs]
-        return out
+    def forward(ctx, call, *tensors):
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*tensors[:call.num_inputs])   # the parameters are not saved
+        outs = call.outputs
+        call.outputs = None
+        ctx.mark_non_differentiable(*[o for o, d in zip(outs, call.differentiable) if not d])
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        if not torch.autograd._is_checkpoint_valid():
+        call = ctx.call
+        call.guards.check(call.saved)                       # before autograd's own check
+        return (None, *call.backward(ctx.saved_tensors, grads))
+
+
+class _ReentrantCall:
+    """One reentrant call: what its backward needs to re-run and differentiate it."""
+
+    def __init__(self, fn, spec, slots, guards):
+        self.fn, self.spec, self.slots, self.guards = fn, spec, slots, guards
+        self.num_inputs = sum(s is _TENSOR for s in slots)
+        self.saved: list[_Saved] = []                # version probes only, nothing kept
+        self.outputs = self.differentiable = self.meta = self.digests = None
+        self.params: list = []
+
+    def pack(self, t):
+        h = _Holder()
+        self.saved.append(_Saved(h, t))
+        saw_saved(t)
+        return h
+
+    @staticmethod
+    def unpack(h):
+        raise CheckpointError(
+            "impl='reentrant' keeps nothing the forward saves, so the checkpointed function "
+            "cannot differentiate inside itself (torch.autograd.grad in its forward); use "
+            "impl='hooks'.")
+
+    def arguments(self, tensors):
+        values = iter(tensors)
+        flat = [next(values) if s is _TENSOR else s for s in self.slots]
+        if self.spec is tuple:                    # positional arguments only (`_flatten`)
+            return tuple(flat), {}
+        return tree_unflatten(flat, self.spec)
+
+    def backward(self, inputs, grads):
+        """Recompute, check, differentiate: the gradients of the inputs, then of the params."""
+        fresh = [_fresh(t) for t in inputs]
+        args, kwargs = self.arguments(fresh)
+        since = torch._C._autograd._get_sequence_nr()
+        with self.guards.recomputing():
+            out = self.fn(*args, **kwargs)
+        outs = [o for o in _flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if len(outs) != len(self.meta):
             raise CheckpointError(
-                "impl='reentrant' works only with .backward() without `inputs`; for "
-                "torch.autograd.grad or backward(inputs=...) use impl='hooks'.")
-        ctx.versions.check()
-        saved = iter(ctx.saved_tensors)
-        args = [_fresh(next(saved)) if s is _TENSOR else s for s in ctx.slots]
-        with ctx.replay.restored(), torch.enable_grad(), phase("recompute"):
-            out = ctx.fn(*args)
-        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        for k, (o, m) in enumerate(zip(outs, ctx.out_meta)):
-            if m is not None and _meta(o) != m:
+                f"impl='reentrant': the recompute returned {len(outs)} tensors but the forward "
+                f"{len(self.meta)}; the checkpointed function must run the same operations "
+                "both times.")
+        for k, (o, m) in enumerate(zip(outs, self.meta)):
+            if _meta(o) != m:
                 raise _mismatch(f"impl='reentrant': output {k}", m, _meta(o))
-        pairs = [(o, g) for o, g in zip(outs, grads)
-                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-        if pairs:
+        if self.digests is not None:
+            rows = [(k, d, now, now) for k, (d, now) in
+                    enumerate(zip(self.digests, map(_fingerprint, outs))) if d is not None]
+            k = _first_difference(rows)
+            if k is not None:
+                o = outs[rows[k][0]]
+                raise _differs(f"impl='reentrant': output {rows[k][0]} {_describe(o)}",
+                               _op_name(type(o.grad_fn)))
+        params, _ = _graph_leaves([o for o in outs if o.requires_grad], since, fresh)
+        missing = {id(p) for p in self.params} - {id(p) for p in params}
+        for p in self.params:
+            if id(p) in missing and isinstance(p, nn.Parameter):
+                raise CheckpointError(
+                    f"impl='reentrant': the recompute did not read the parameter "
+                    f"{_describe(p)} that the forward read: was it replaced by another object "
+                    "(m.weight = nn.Parameter(...)) between forward and backward, in a module "
+                    "ckpt_lab does not see? Replace parameters after backward.")
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        wrt = [t for t in fresh if t.requires_grad] + self.params
+        found = [None] * len(wrt)
+        if pairs and wrt:
             try:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                found = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
+                                            allow_unused=True)
             except RuntimeError as e:
                 if "modified by an inplace operation" not in str(e):
                     raise
@@ -409,9 +712,50 @@ class _Reentrant(torch.autograd.Function):
                     "backward was modified in place after it was saved (autograd's message "
                     "below names it). Make that in-place operation out-of-place (y = y * 3, "
                     "not y.mul_(3)) or clone the tensor before modifying it.") from e
-        in_grads = [a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None
-                    for a in args]
-        return (None, None, None, *in_grads)
+        found = iter(found)
+        in_grads = [next(found) if t.requires_grad else None for t in fresh]
+        return (*in_grads, *found)
+
+
+def _checkpoint_reentrant(fn, args, kwargs, guards, forward_context):
+    """Design 1 with the checks: forward here, then a `_Reentrant` node over inputs and params."""
+    # The forward runs with the caller's grad mode (code that asks torch.is_grad_enabled(), as
+    # nn.TransformerEncoder's fast path does, takes the branch it takes without a checkpoint)
+    # under a pack hook that keeps nothing; the graph it built says which parameters it read,
+    # however it found them. The node takes the inputs *and those parameters* as its inputs,
+    # so backward(inputs=[p]) and torch.autograd.grad reach them, and an input that needs no
+    # grad is no trap.
+    flat, spec = _flatten(args)
+    if kwargs or spec is not tuple:               # (spec tuple: flat positional arguments)
+        flat, spec = tree_flatten((args, kwargs))
+    inputs = [v for v in flat if isinstance(v, torch.Tensor)]
+    call = _ReentrantCall(fn, spec, [_TENSOR if isinstance(v, torch.Tensor) else v
+                                     for v in flat], guards)
+    since = torch._C._autograd._get_sequence_nr()
+    with guards.state.watching(), torch.autograd.graph.saved_tensors_hooks(
+            call.pack, call.unpack), (forward_context or contextlib.nullcontext()):
+        out = fn(*args, **kwargs)
+    flat_out, out_spec = _flatten(out)
+    outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
+    params, before = _graph_leaves(outs, since, inputs)
+    if before:
+        raise CheckpointError(
+            f"impl='reentrant': the function reads a tensor that requires grad and has a "
+            f"history outside the checkpoint (the output of {_op_name(type(before[0]))}), not "
+            "through its arguments; the reentrant design cannot send it a gradient. Pass it "
+            "as an argument or use impl='hooks'.")
+    guards.versions.add(params)
+    call.params = params
+    call.meta = [_meta(o) for o in outs]
+    if guards.fingerprint:
+        call.digests = [_fingerprint(o) for o in outs]
+    call.differentiable = [o.requires_grad for o in outs]
+    call.outputs = [o.detach() for o in outs]
+    if not outs:
+        return out
+    results = iter(_Reentrant.apply(call, *inputs, *params))
+    return _unflatten([next(results) if isinstance(v, torch.Tensor) else v for v in flat_out],
+                      out_spec)
 
 
 class _Holder:
@@ -424,14 +768,16 @@ class _Holder:
 
 
 class _Saved:
-    """What the forward recorded about one saved tensor: its holder, metadata and version."""
+    """What the forward recorded about one saved tensor: its holder, metadata and version (and,
+    in the hooks design, its fingerprint, and which leaf it is if it is a parameter)."""
 
-    __slots__ = ("holder", "meta", "requires_grad", "probe", "version")
+    __slots__ = ("holder", "meta", "requires_grad", "probe", "version", "digest", "leaf")
 
-    def __init__(self, holder: _Holder, t: torch.Tensor):
+    def __init__(self, holder: _Holder, t: torch.Tensor, digest=None, leaf=None):
         self.holder = weakref.ref(holder)         # dead once autograd no longer needs it
         self.meta, self.requires_grad = _meta(t), t.requires_grad
         self.probe, self.version = _probe(t), t._version
+        self.digest, self.leaf = digest, leaf
 
     def edited(self) -> bool:
         """Modified in place since it was saved, while autograd still needs it."""
@@ -531,23 +877,27 @@ class _SaveInputs(torch.autograd.Function):
 class _Frame:
     """``minimal_hooks`` plus the checks, for one call: everything needed to replay it."""
 
-    def __init__(self, fn, args, kwargs, replay, versions, early_stop):
-        self.fn, self.replay, self.versions, self.early_stop = fn, replay, versions, early_stop
+    def __init__(self, fn, args, kwargs, guards: _Guards, early_stop):
+        self.fn, self.guards, self.early_stop = fn, guards, early_stop
         self.num_args, self.keys = len(args), list(kwargs)
         values = list(args) + list(kwargs.values())
         self.slots = [_TENSOR if isinstance(v, torch.Tensor) else v for v in values]
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        self.input_ids = {id(t) for t in tensors}
         dummy = torch.empty(0, requires_grad=True)
         # Keep the (empty) output: it owns the autograd node, and some PyTorch versions (2.11)
         # free a custom Function's saved tensors once its node has no owner left.
-        self.saver_out = _SaveInputs.apply(
-            dummy, *[v for v in values if isinstance(v, torch.Tensor)])
+        self.saver_out = _SaveInputs.apply(dummy, *tensors)
         self.saver = self.saver_out.grad_fn
         self.saved: list[_Saved] = []
         self.running = True                       # the forward has not returned yet
 
     def pack(self, t: torch.Tensor) -> _Holder:
         h = _Holder()
-        self.saved.append(_Saved(h, t))
+        digest = _fingerprint(t) if self.guards.fingerprint else None
+        leaf = t if isinstance(t, nn.Parameter) and id(t) not in self.input_ids else None
+        self.saved.append(_Saved(h, t, digest, leaf))
+        saw_saved(t)
         return h
 
     def unpack(self, h: _Holder) -> torch.Tensor:
@@ -560,13 +910,6 @@ class _Frame:
             h.tensor = None
         return t
 
-    def _check_versions(self):
-        self.versions.check()
-        for i, s in enumerate(self.saved):
-            if s.edited():
-                raise _modified_saved_tensor(i, s.meta[0], s.meta[1], s.probe._version,
-                                             s.version)
-
     def inputs(self):
         saved = iter(self.saver.saved_tensors)
         values = [_fresh(next(saved)) if s is _TENSOR else s for s in self.slots]
@@ -575,11 +918,12 @@ class _Frame:
 
     def recompute(self):
         """Re-run the function, filling every live holder in save order."""
-        self._check_versions()
+        self.guards.check(self.saved)
         args, kwargs = self.inputs()
         n = len(self.saved)                       # during the forward: those saved so far
         stop = self.early_stop or self.running
         count = 0
+        digests = []                              # (index, forward's, recompute's, node)
 
         def pack(x):
             nonlocal count
@@ -594,7 +938,15 @@ class _Frame:
             entry = self.saved[i]
             if _meta(x) != entry.meta:
                 raise _mismatch(f"impl='hooks': saved tensor {i}", entry.meta, _meta(x))
+            if entry.leaf is not None and x is not entry.leaf:
+                raise CheckpointError(
+                    f"impl='hooks': saved tensor {i} {_describe(x)} is a parameter that the "
+                    "recompute reads as another object than the forward did: was it replaced "
+                    "(m.weight = nn.Parameter(...)) between forward and backward, in a module "
+                    "ckpt_lab does not see? Replace parameters after backward.")
             stopper.quiet = True
+            if entry.digest is not None:
+                digests.append((i, entry.digest, _fingerprint(x), type(x.grad_fn)))
             x = x.detach() if x.requires_grad else x   # (x itself would hold its own grad_fn)
             stopper.quiet = False
             h = entry.holder()
@@ -621,7 +973,7 @@ class _Frame:
                 stopper.start(mid_op)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), \
-                self.replay.restored(), torch.enable_grad(), phase("recompute"):
+                self.guards.recomputing():
             try:
                 if stop and not at_save and n <= _WATCHED:
                     watch(mid_op=False)
@@ -635,6 +987,7 @@ class _Frame:
             raise CheckpointError(
                 f"impl='hooks': the recompute saved {count} tensors but the forward saved "
                 f"{n}; the checkpointed function must run the same operations both times.")
+        self._compare(digests, n)
         for s in self.saved:                      # in-place updates the recompute itself made
             if s.probe is not None:               # (batch-norm statistics) are not edits
                 s.version = s.probe._version
@@ -646,6 +999,31 @@ class _Frame:
                 functools.partial(_clear, self.saved))
 
 
+    def _compare(self, digests, n):
+        """Refuse if a recomputed saved tensor's fingerprint differs from the forward's."""
+        # A float that needs no grad is compared only if it still has the value it had when
+        # saved: one an op fills after saving it (RReLU's noise, batch norm's statistics of a
+        # module ckpt_lab does not see) was saved unfilled, in both runs.
+        rows = []
+        for i, before, now, node in digests:
+            if now is None:
+                continue
+            after = now
+            if not self.saved[i].requires_grad and self.saved[i].meta[1].is_floating_point:
+                h = self.saved[i].holder()
+                if h is None or h.tensor is None:
+                    continue                      # backward does not need it
+                after = _fingerprint(h.tensor)
+                if after is None:
+                    continue
+            rows.append((i, before, now, after, node))
+        k = _first_difference(rows)
+        if k is not None:
+            i, node = rows[k][0], rows[k][4]
+            raise _differs(f"impl='hooks': saved tensor {i} of {n} "
+                           f"{_describe_meta(self.saved[i].meta)}", _op_name(node))
+
+
 def _clear(saved: list):
     """Empty the holders a recompute filled and backward did not use."""
     for s in saved:
@@ -654,26 +1032,53 @@ def _clear(saved: list):
             h.tensor = None
 
 
-def _checkpoint_hooks(fn, args, kwargs, replay, versions, early_stop):
-    frame = _Frame(fn, args, kwargs, replay, versions, early_stop)
+def _checkpoint_hooks(fn, args, kwargs, inputs, guards, forward_context, early_stop):
+    """Design 2 with the checks; the forward's graph adds the parameters it read to them."""
+    frame = _Frame(fn, args, kwargs, guards, early_stop)
+    since = torch._C._autograd._get_sequence_nr()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
-            return fn(*args, **kwargs)
+        with guards.state.watching(), torch.autograd.graph.saved_tensors_hooks(
+                frame.pack, frame.unpack), (forward_context or contextlib.nullcontext()):
+            out = fn(*args, **kwargs)
     finally:
         frame.running = False
+    outs = [o for o in _flatten(out)[0] if isinstance(o, torch.Tensor)]
+    guards.versions.add(_graph_leaves(outs, since, inputs)[0])
+    return out
 
 
 # =========================================================================== 4. the API
 _TORCH_ONLY = {
     "use_reentrant": "ckpt_lab calls it impl: impl='reentrant' or impl='hooks'",
-    "context_fn": "selective checkpointing is policy=... here (see ckpt_lab.selective)",
-    "determinism_check": "the shape/dtype check of every recomputed tensor is always on",
     "debug": "not supported; run the function without checkpoint to debug it",
 }
+DETERMINISM_CHECKS = ("default", "none", "fingerprint")
 
 
+def _contexts(context_fn, policy) -> tuple:
+    """The (forward, recompute) context managers ``context_fn`` returns (None, None if none)."""
+    if context_fn is None:
+        return None, None
+    if policy is not None:
+        raise ValueError("pass policy= (ckpt_lab's selective checkpointing) or context_fn= "
+                         "(PyTorch's, e.g. create_selective_checkpoint_contexts), not both.")
+    if not callable(context_fn):
+        raise TypeError(f"context_fn must be a callable that returns two context managers "
+                        f"(forward, recompute), as torch.utils.checkpoint's does; got "
+                        f"{type(context_fn).__name__}.")
+    pair = context_fn()
+    if not (isinstance(pair, tuple) and len(pair) == 2
+            and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)):
+        raise TypeError("context_fn() must return a tuple of two context managers: the "
+                        "forward's and the recompute's, as "
+                        "torch.utils.checkpoint.create_selective_checkpoint_contexts does.")
+    return pair
+
+
+@torch._disable_dynamo
 def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, policy=None,
-               early_stop: bool = True, **kwargs):
+               early_stop: bool = True, context_fn=None, determinism_check: str = "default",
+               **kwargs):
     """Run ``fn(*args, **kwargs)`` keeping only its inputs; recompute the rest in backward.
 
     ``impl`` picks the design (``"hooks"``, the default, or ``"reentrant"``).
@@ -681,11 +1086,19 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
     ``policy`` (selective checkpointing, see ``ckpt_lab.selective``) keeps the outputs of the
     operations it chooses instead of recomputing them: a callable ``policy(op, *args,
     **kwargs) -> bool``, a collection of ATen ops, or a name such as ``"save_matmuls"``.
+    ``context_fn`` is PyTorch's: a callable returning the (forward, recompute) context
+    managers, e.g. ``functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts,
+    policy_fn)``, so an existing selective policy runs unchanged.
     ``early_stop`` (hooks only) ends the recompute as soon as backward has every tensor it
     needs; the reentrant design always re-runs all of ``fn``, since it needs its outputs.
-    The names ``impl``, ``preserve_rng_state``, ``policy``, ``early_stop`` and PyTorch's
-    ``use_reentrant``, ``context_fn``, ``determinism_check``, ``debug`` belong to
+    ``determinism_check``: ``"default"`` (or ``"none"``) compares the shape, dtype and device
+    of every recomputed tensor with the forward's, as PyTorch's default does;
+    ``"fingerprint"`` also compares their bits (a digest each; costs about 10% of a step with
+    ``impl="hooks"``, see the module docstring) and refuses what no other check sees.
+    The names ``impl``, ``preserve_rng_state``, ``policy``, ``early_stop``, ``context_fn``,
+    ``determinism_check`` and PyTorch's ``use_reentrant`` and ``debug`` belong to
     ``checkpoint``, so ``fn`` cannot receive keyword arguments with those names.
+    Under ``torch.compile`` the call is a graph break: the checkpointed region runs eagerly.
     See the module docstring for what is checked and how this differs from PyTorch's.
     """
     if impl not in IMPLS:
@@ -695,6 +1108,10 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
     for name in _TORCH_ONLY.keys() & kwargs.keys():
         raise TypeError(f"checkpoint() got {name}=, an argument of torch.utils.checkpoint: "
                         f"{_TORCH_ONLY[name]}.")
+    if determinism_check not in DETERMINISM_CHECKS:
+        raise ValueError(f"determinism_check must be one of {DETERMINISM_CHECKS} (as in "
+                         f"torch.utils.checkpoint), got {determinism_check!r}")
+    forward_context, recompute_context = _contexts(context_fn, policy)
     selective = None if policy is None else SelectiveFunction(fn, policy, error=CheckpointError)
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
@@ -703,31 +1120,14 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
     params = list({id(p): p for m in modules for p in m.parameters()}.values())
     tensors = [t for _, t in leaves if isinstance(t, torch.Tensor)]
     generators = [g for _, g in leaves if isinstance(g, torch.Generator)]
-    replay = _Replay.capture(tensors + params, generators, preserve_rng_state)
-    versions = _Versions.capture(leaves, params, modules)
+    guards = _Guards(_Replay.capture(tensors + params, generators, preserve_rng_state),
+                     _Versions.capture(leaves, params, modules), ModuleState(modules),
+                     recompute_context, determinism_check == "fingerprint")
     fn = fn if selective is None else selective
     if impl == "hooks":
-        return _checkpoint_hooks(fn, args, kwargs, replay, versions, early_stop)
-    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        raise ValueError("impl='reentrant' cannot take tensors as keyword arguments (they "
-                         "would get no gradient); pass them positionally or use "
-                         "impl='hooks'.")
-    nested = [name for name, t in leaves
-              if "[" in name and isinstance(t, torch.Tensor) and t.requires_grad]
-    if nested:
-        raise ValueError(f"impl='reentrant' gives gradients only to tensors passed directly; "
-                         f"{nested[0]} sits in a list, tuple or dict and would get none. Pass "
-                         "it as a separate argument or use impl='hooks'.")
-    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        raise ValueError(
-            "impl='reentrant' needs at least one tensor argument with requires_grad=True; "
-            "without one the output has no grad_fn and parameters inside get no gradient "
-            "(torch.utils.checkpoint runs it and they silently stay None). Call "
-            "x.requires_grad_() on the input, use impl='hooks', or run under torch.no_grad() "
-            "if nothing inside needs a gradient.")
-    if kwargs:
-        fn = functools.partial(fn, **kwargs)
-    return _Reentrant.apply(fn, replay, versions, *args)
+        return _checkpoint_hooks(fn, args, kwargs, tensors, guards, forward_context,
+                                 early_stop)
+    return _checkpoint_reentrant(fn, args, kwargs, guards, forward_context)
 
 
 # ===================================================================== chains of layers
@@ -776,13 +1176,13 @@ def run_in_order(layers):
 
 def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks",
                           preserve_rng_state: bool = True, policy=None,
-                          early_stop: bool = True):
+                          early_stop: bool = True, determinism_check: str = "default"):
     """Run ``layers`` on ``x`` in segments; every segment but the last is checkpointed.
 
     The last segment runs normally, as in ``torch.utils.checkpoint.checkpoint_sequential``:
     backward starts there and needs all its activations at once, so recomputing it would free
-    nothing at the peak and cost one more forward of it. ``policy`` and ``early_stop`` are
-    passed to ``checkpoint``.
+    nothing at the peak and cost one more forward of it. ``policy``, ``early_stop`` and
+    ``determinism_check`` are passed to ``checkpoint``.
     """
     layers = layer_list(layers)
     starts = segment_starts(len(layers), segments, boundaries)
@@ -795,7 +1195,7 @@ def checkpoint_sequential(layers, x, segments=None, boundaries=None, impl="hooks
         run = _keeping_input(layers, a, b) if torch.is_grad_enabled() \
             and isinstance(x, torch.Tensor) else run_in_order(layers[a:b])
         x = checkpoint(run, x, impl=impl, policy=policy, preserve_rng_state=preserve_rng_state,
-                       early_stop=early_stop)
+                       early_stop=early_stop, determinism_check=determinism_check)
     return x
 
 
@@ -804,16 +1204,18 @@ def _keeping_input(layers, a: int, b: int):
     input in place (``nn.ReLU(inplace=True)`` first, or after layers returning views of it):
     the checkpoint keeps that input to run the segment again, which would start from the
     overwritten values (the checkpoint's own check would say so only in backward)."""
+    segment = layers[a:b]              # only these: the checkpoint finds its modules by closure
+
     def run(x):
         version, h = x._version, x
-        for j in range(a, b):
-            h = layers[j](h)
+        for j, layer in enumerate(segment, start=a):
+            h = layer(h)
             if x._version != version:
                 fix = (f"Start that segment at layer {j + 1} instead" if a > 0 else
                        "The first segment keeps the chain's own input, so no plan but "
                        "boundaries=[0] (no checkpoint) can run this chain as it is")
                 raise ValueError(
-                    f"checkpoint_sequential: layer {j} ({layers[j]!r}) writes the input of the "
+                    f"checkpoint_sequential: layer {j} ({layer!r}) writes the input of the "
                     f"checkpointed segment starting at layer {a} in place; the checkpoint keeps "
                     "that input to run the segment again in backward, and would run it on the "
                     f"overwritten values. {fix}, or make the layer out of place "
@@ -825,6 +1227,7 @@ def _keeping_input(layers, a: int, b: int):
 # ``ckpt_lab.checkpoint`` is this module (``import ckpt_lab.checkpoint`` gives it), and calling
 # it calls the function, so ``from ckpt_lab import checkpoint; checkpoint(fn, x)`` works too.
 class _CallableModule(types.ModuleType):
+    @torch._disable_dynamo
     def __call__(self, *args, **kwargs):
         return checkpoint(*args, **kwargs)
 

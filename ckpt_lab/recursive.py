@@ -12,8 +12,9 @@ checkpointed half is recomputed *with the same recursion*, so it too keeps only 
 
 Nesting needs the inner checkpoint's kept input to be freeable too: with ``impl="hooks"``
 ``checkpoint`` saves its inputs through the enclosing checkpoint's hooks, so an inner input is
-itself only a handle that the outer recompute fills; with ``impl="reentrant"`` the inner
-checkpoints run under ``no_grad`` in the outer forward and keep nothing at all.
+itself only a handle that the outer recompute fills; with ``impl="reentrant"`` the outer
+forward runs under a pack hook that keeps nothing, so the inner checkpoints' saved inputs are
+dropped there too.
 """
 from __future__ import annotations
 

@@ -147,8 +147,9 @@ def test_reentrant_trap_with_frozen_inputs():
     assert switch(True, every=2) == (adapters - 4, False, "")        # layer 0's, silently
     assert switch(True, input_grads=True) == (adapters, True, "")
     assert switch(False) == (adapters, True, "")
+    # ckpt_lab's reentrant node takes the parameters its forward read as inputs: no trap
     with checkpoint_modules(model, hf.block_class(model), impl="reentrant"):
-        assert "requires_grad=True" in _lora_step(model, reference)[2]   # ckpt_lab refuses
+        assert _lora_step(model, reference) == (adapters, True, "")
     with checkpoint_modules(model, hf.block_class(model)):
         assert _lora_step(model, reference) == (adapters, True, "")
 

@@ -289,13 +289,19 @@ def test_a_block_writing_a_cache_is_refused_while_training():
             block.forward(h, past_key_values=None)
 
 
-def test_reentrant_with_frozen_input_fails_loudly():
+def test_reentrant_with_frozen_input_gives_the_blocks_their_gradients():
+    """The LoRA trap: no input of a block requires grad. ckpt_lab's reentrant node takes the
+    parameters the forward read as inputs too, so they get plain autograd's gradients."""
     model = KwModel()
     model.inp.requires_grad_(False)     # frozen embedding, as under LoRA: h has no grad
     model.bias.requires_grad_(False)
+    run = lambda: model(X)  # noqa: E731
+    plain = grads(model, run)
     with checkpoint_modules(model, KwBlock, impl="reentrant"):
-        with pytest.raises(ValueError, match="requires_grad"):
-            model(X)
+        ours = grads(model, run)
+    assert all(g is None for g in plain[1:4]) and all(g is not None for g in plain[4:])
+    assert same([g for g in plain if g is not None], [g for g in ours if g is not None])
+    assert [g is None for g in plain] == [g is None for g in ours]
 
 
 def test_matched_modules_in_call_order_and_profile():

@@ -176,31 +176,46 @@ def _optimizer_bytes(opt) -> int:
                         if torch.is_tensor(t) and t.dim() > 0)
 
 
-def _frozen_embedding_ckpt(model, impl: str):
-    """Checkpoint every block with torch.utils.checkpoint (reentrant when impl="reentrant",
-    else not), and freeze the embedding:
-    the blocks' input then needs no gradient (fine-tuning a model with frozen embeddings)."""
-    for p in model.chain[0].parameters():
-        p.requires_grad_(False)
+def _torch_ckpt(model, reentrant: bool, frozen: bool):
+    """Checkpoint every block with torch.utils.checkpoint (reentrant or not); with ``frozen``
+    also freeze the embedding: the blocks' input then needs no gradient (fine-tuning a model
+    with frozen embeddings)."""
+    if frozen:
+        for p in model.chain[0].parameters():
+            p.requires_grad_(False)
     layers = model.layers()
 
     def forward(x, targets=None):
         h = layers[0](x)
         for block in layers[1:-1]:
-            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=impl == "reentrant")
+            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=reentrant)
         return model.loss(layers[-1](h), targets)
     model.forward = forward
     return model
 
 
+def _frozen_embedding(model):
+    """Freeze the embedding of a model that checkpoints its blocks itself."""
+    for p in model.chain[0].parameters():
+        p.requires_grad_(False)
+    return model
+
+
+# The reentrant pitfalls are PyTorch's reentrant design's: its nested backward fires every
+# parameter's gradient accumulator from inside the outer backward, and its node has no edge to
+# a parameter when no input requires grad. ckpt_lab's reentrant node takes the parameters as
+# inputs and returns their gradients to the outer backward, so it has neither (its rows).
 PITFALLS = [
-    # (label, impl, ddp options, frozen embedding)
-    ("reentrant, find_unused_parameters=True", "reentrant", dict(find_unused_parameters=True),
-     False),
-    ("reentrant, static_graph=True", "reentrant", dict(static_graph=True), False),
+    # (label, checkpoint: "torch reentrant" | "torch" | a ckpt_lab impl, ddp options, frozen)
+    ("reentrant, find_unused_parameters=True", "torch reentrant",
+     dict(find_unused_parameters=True), False),
+    ("reentrant, static_graph=True", "torch reentrant", dict(static_graph=True), False),
     ("hooks, find_unused_parameters=True", "hooks", dict(find_unused_parameters=True), False),
-    ("torch reentrant, frozen embedding", "reentrant", {}, True),
-    ("torch non-reentrant, frozen embedding", "hooks", {}, True),
+    ("ckpt_lab reentrant, find_unused_parameters=True", "reentrant",
+     dict(find_unused_parameters=True), False),
+    ("torch reentrant, frozen embedding", "torch reentrant", {}, True),
+    ("torch non-reentrant, frozen embedding", "torch", {}, True),
+    ("ckpt_lab reentrant, frozen embedding", "reentrant", {}, True),
 ]
 
 
@@ -210,9 +225,13 @@ def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
     _check_rows(x, y)
     rows = []
     for label, impl, options, frozen in PITFALLS:
-        model = build_model(cfg, policy="none" if frozen else "every", impl=impl).to(device())
-        if frozen:
-            _frozen_embedding_ckpt(model, impl)
+        if impl.startswith("torch"):
+            model = _torch_ckpt(build_model(cfg, policy="none").to(device()),
+                                reentrant=impl == "torch reentrant", frozen=frozen)
+        else:
+            model = build_model(cfg, policy="every", impl=impl).to(device())
+            if frozen:
+                _frozen_embedding(model)
         ids = [device().index] if device().type == "cuda" else None
         ddp = DDP(model, device_ids=ids, **options)
         row = {"case": label, "outcome": "ok", "losses": [], "error": "", "missing_grads": 0}
