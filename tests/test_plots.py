@@ -133,3 +133,34 @@ def test_allocator_timeline_draws_tensor_and_allocator_bytes_and_marks_both_peak
     assert len(labels) == len(set(labels)) and "held only while the op ran" in labels
     with pytest.raises(ValueError, match="allocator=True"):
         plots.allocator_timeline({"no allocator": plain})
+
+
+def test_vocab_panels_draw_measured_points_on_predicted_lines_and_the_floor():
+    fig = plots.vocab_panels([256, 1024], [0.1, 0.4], [256, 1024, 4096], [0.1, 0.4, 0.7],
+                             [1, 2, 4], [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
+                             [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
+                             floor_bytes=15 * plots.MIB)
+    share, chunks = fig.axes
+    line, points = share.get_lines()
+    assert list(line.get_xdata()) == [256, 1024, 4096] and list(points.get_xdata()) == [256, 1024]
+    assert list(points.get_ydata()) == [10, 40] and points.get_linestyle() == "None"
+    assert "70% (predicted)" in [t.get_text() for t in share.texts]   # past the measured sizes
+    formula, measured, floor = chunks.get_lines()
+    assert to_rgba(measured.get_color()) == to_rgba(plots.PHASE_COLORS["recompute"])
+    assert list(measured.get_ydata()) == [30, 20, 15] and list(floor.get_ydata()) == [15, 15]
+
+
+def test_throughput_panels_mark_what_does_not_fit_and_colour_by_policy():
+    def row(policy, micro_batch, peak, speed):
+        return dict(policy=policy, micro_batch=micro_batch, accumulation=8 // micro_batch,
+                    peak_bytes=peak * plots.MIB, tokens_per_s=speed)
+    rows = [row("none", 2, 10, 9000), row("every", 4, 8, 7000), row("none", 4, 20, 9500)]
+    fig = plots.throughput_panels({"CPU, roomy": (12 * plots.MIB, rows), "GPU": (12 * plots.MIB,
+                                                                              rows[:2])})
+    a, b = fig.axes
+    points = [l for l in a.get_lines() if l.get_marker() == "o"]
+    assert [p.get_xdata()[0] for p in points] == [10, 8, 20]
+    assert [p.get_markerfacecolor() == "none" for p in points] == [False, False, True]
+    assert to_rgba(points[1].get_color()) == to_rgba(plots.PHASE_COLORS["recompute"])
+    assert [t.get_text() for t in a.texts] == ["2 x4", "4 x2", "4 x2"]
+    assert len([l for l in b.get_lines() if l.get_marker() == "o"]) == 2

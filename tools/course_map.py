@@ -215,8 +215,8 @@ OUTCOMES = {
                                  "against Megatron's sbh(34 + 5as/h), checkpoint the "
                                  f"{_g('attention core', 'attention-core')} alone "
                                  f"({_g('selective recomputation', 'selective-recomputation')}), "
-                                 f"and see what {_g('fused attention', 'fused-attention')} leaves "
-                                 "to free",
+                                 f"see what {_g('fused attention', 'fused-attention')} leaves "
+                                 "to free, and chunk the loss of a large vocabulary",
     "06_optimal_schedules": "place checkpoints for a memory "
                             f"{_g('budget', 'budget')} with the planner on the step model "
                             "(checked by measurement), read the "

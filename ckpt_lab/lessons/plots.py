@@ -1132,3 +1132,81 @@ def reserved_vs_allocated(runs: dict,
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# -------------------- lessons 5 and 7: the loss at large vocabularies, throughput at equal batch
+POLICY_COLORS = {"none": "k", "selective": "tab:brown", "every": PHASE_COLORS["recompute"]}
+
+
+def vocab_panels(vocabs, shares, line_vocabs, line_shares, chunks, chunk_peaks, chunk_predicted,
+                 floor_bytes: int | None = None,
+                 title="The loss at large vocabularies, and chunked cross-entropy"):
+    """Left: the loss's share of the step's peak against the vocabulary size (measured as points,
+    the prediction as a line, which may run past the measured sizes). Right: the step's peak
+    against the number of row chunks of the loss (measured points in recompute orange, the
+    formula as a line; 1 chunk is the plain loss), with the floor no chunking removes."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(line_vocabs, [100 * s for s in line_shares], "-", color="k",
+           label="3NV / (the rest + 3NV), predicted")
+    a.plot(vocabs, [100 * s for s in shares], "o", color="k", mfc="none", ms=8,
+           label="measured")
+    if line_vocabs[-1] > vocabs[-1]:
+        a.annotate(f"{100 * line_shares[-1]:.0f}% (predicted)", (line_vocabs[-1], 100 * line_shares[-1]),
+                   xytext=(-60, -16), textcoords="offset points", fontsize=7)
+    a.set_xscale("log", base=2)
+    a.set_xticks(line_vocabs, [f"{v // 1024}K" if v >= 1024 else str(v) for v in line_vocabs])
+    a.set(title="what the loss holds at its peak, % of the step's peak", xlabel="vocabulary V",
+          ylabel="% of the step peak", ylim=(0, 105))
+    b.plot(chunks, [p / MIB for p in chunk_predicted], "-", color=PHASE_COLORS["recompute"],
+           label="the rest + chunked_cross_entropy_peak_bytes")
+    b.plot(chunks, [p / MIB for p in chunk_peaks], "o", color=PHASE_COLORS["recompute"], ms=8,
+           mfc="none", label="measured (1 chunk: the plain loss)")
+    if floor_bytes is not None:
+        b.axhline(floor_bytes / MIB, color="tab:gray", ls=":", label="floor: the rest + 3 V x d")
+    b.set_xscale("log", base=2)
+    b.set_xticks(chunks, [str(k) for k in chunks])
+    b.set(title=f"step peak at V = {vocabs[-1]:,}", xlabel="row chunks of the loss",
+          ylabel="MiB", ylim=(0, max(chunk_peaks) / MIB * 1.1))
+    for ax in (a, b):
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def throughput_panels(panels: dict, title="Tokens per second against the step's peak, "
+                                          "at equal global batch"):
+    """Small multiples, one panel per (machine, budget): each setup's measured step peak (x,
+    MiB) against its tokens per second (y), coloured by checkpoint policy and labelled with its
+    micro-batch x accumulation; hollow where it does not fit; the budget as a dashed line.
+
+    ``panels`` maps a panel title to (budget_bytes, rows), rows as dicts with the fields of
+    `ckpt_lab.throughput.ThroughputRow` (``dataclasses.asdict`` or a committed JSON file).
+    """
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.6), squeeze=False)
+    for ax, (name, (budget, rows)) in zip(axes[0], panels.items()):
+        for r in rows:
+            color = POLICY_COLORS.get(r["policy"], "tab:gray")
+            fits = r["peak_bytes"] <= budget
+            ax.plot(r["peak_bytes"] / MIB, r["tokens_per_s"] / 1e3, "o", ms=9, color=color,
+                    mfc=color if fits else "none")
+            ax.annotate(f"{r['micro_batch']} x{r['accumulation']}",
+                        (r["peak_bytes"] / MIB, r["tokens_per_s"] / 1e3), fontsize=7,
+                        xytext=(5, 4), textcoords="offset points")
+        ax.axvline(budget / MIB, color="k", ls="--", lw=1)
+        top = max(r["tokens_per_s"] for r in rows) / 1e3
+        ax.set(title=name, xlabel="step peak, measured (MiB)", ylim=(0, top * 1.2),
+               xlim=(0, max(r["peak_bytes"] for r in rows) / MIB * 1.15))
+        ax.title.set_fontsize(9)
+    axes[0][0].set_ylabel("thousand tokens / s")
+    names = {"none": "no checkpoint", "every": "full checkpointing",
+             "selective": "selective recomputation"}
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c) for c in POLICY_COLORS.values()]
+    handles += [plt.Line2D([], [], ls="", marker="o", color="k", mfc="none"),
+                plt.Line2D([], [], ls="--", color="k")]
+    labels = [names[p] for p in POLICY_COLORS] + ["over the budget", "budget"]
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False)
+    fig.suptitle(title + " (label: micro-batch x accumulation)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
