@@ -45,6 +45,20 @@ def test_measure_plan_peak_matches_a_direct_measurement():
     assert got <= log.peak_bytes <= got + params + 64 * 64 * 4
 
 
+
+def test_measure_plan_counts_the_allocator_as_plan_chain_predicts_it(one_thread):
+    """measure_plan(allocator=True): the same step in tensor bytes and in the allocator's, the
+    latter what plan_chain(..., allocator=True) plans for (exact on CPU for a chain without
+    module buffers, which ckpt_lab's checkpoint would copy)."""
+    layers, x = _chain(), torch.randn(64, 16)
+    prof = profile_layers(layers, x, repeats=1, allocator=True)
+    plan = planner.optimal_segments(prof, planner.minimum_peak(prof))
+    assert len(plan.boundaries) > 1
+    log = widgets.measure_plan(layers, x, plan.boundaries, allocator=True)
+    assert log.peak_bytes == widgets.measure_plan_peak(layers, x, plan.boundaries)
+    assert log.allocator_peak_bytes == plan.peak_bytes > log.peak_bytes
+    assert widgets.measure_plan(layers, x, plan.boundaries).allocator_peak_bytes is None
+
 def test_measure_plan_peak_leaves_the_model_as_it_was():
     torch.manual_seed(0)
     layers = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Dropout(0.5), nn.ReLU(),

@@ -311,9 +311,11 @@ class PlanResult:
         return self.peak_bytes / self.predicted_bytes
 
 
-def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
-    """Step peak of checkpoint_sequential(layers, x, boundaries=...): activations and the
-    gradients between layers (parameter gradients are allocated beforehand, as in lessons).
+def measure_plan(layers, x: torch.Tensor, boundaries, allocator: bool = False):
+    """The `track_memory` log of one step of checkpoint_sequential(layers, x, boundaries=...),
+    followed by ``.float().sum().backward()``, parameter gradients allocated beforehand (as in
+    lessons); with ``allocator=True`` the allocator's own events too
+    (``log.allocator_peak_bytes``: what `planner.plan_chain(..., allocator=True)` predicts).
 
     The model is left as it was: parameter gradients (and ``x.grad``), BatchNorm statistics
     and the random generators are restored afterwards.
@@ -321,11 +323,19 @@ def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
     from ckpt_lab.profile import _Untouched
     layers, x_grad = list(layers), x.grad
     try:
-        with _Untouched(layers, x.device), track_memory() as log:
+        with _Untouched(layers, x.device), track_memory(allocator=allocator) as log:
             checkpoint_sequential(layers, x, boundaries=list(boundaries)).float().sum().backward()
     finally:
         x.grad = x_grad
-    return log.peak_bytes
+    return log
+
+
+def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
+    """Step peak of checkpoint_sequential(layers, x, boundaries=...): activations and the
+    gradients between layers (parameter gradients are allocated beforehand, as in lessons).
+    The model is left as it was (see `measure_plan`).
+    """
+    return measure_plan(layers, x, boundaries).peak_bytes
 
 
 class PlanExplorer(Explorer):
