@@ -30,3 +30,23 @@ def test_a_run_with_the_allocator_events_gets_its_table(one_thread):
     assert len(lines) == 3 and "predates" not in lines[0]
     assert "convolution_backward" in lines[2] and "n/a allocated, n/a reserved" in lines[2]
     assert "(+0.0%)" in lines[1]                  # the MLP: the two numbers agree
+
+
+def test_lesson_7_reads_a_throughput_run_as_the_figure_takes_it(tmp_path, one_thread):
+    """committed.throughput is None until a GPU run holds the section; a run of the benchmark (here
+    on the CPU at tiny size) becomes one panel per model and budget, drawn by the lesson's plot."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from benchmarks import bench_throughput
+    from ckpt_lab.lessons import plots
+    check = committed.gpu_result("gpu_check") or {}
+    has = bool((check.get("throughput") or committed.gpu_result("throughput") or {}).get("cases"))
+    assert (committed.throughput() is not None) == has
+    run = bench_throughput.main(out_path=tmp_path / "throughput.json", quick=True)
+    panels = committed.throughput_panels(run)
+    assert list(panels) == ["cpu (committed run), gpt-tiny, roomy budget",
+                            "cpu (committed run), gpt-tiny, tight budget"]
+    for (budget, rows), case in zip(panels.values(), run["cases"]):
+        assert budget == case["budget_bytes"] and rows == case["rows"]
+    fig = plots.throughput_panels(panels)
+    assert len(fig.axes) == 2

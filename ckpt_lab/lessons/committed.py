@@ -106,3 +106,23 @@ def allocator_lines(run: dict, workloads=("mlp-gpu none", "gpt-gpu none", "resne
               f"max_memory_allocated {show(r['max_allocated'])}"
               f"{over(r['max_allocated'], r['tensor_peak'])}" for w, r in rows.items()]
     return lines
+
+
+# ---------------------------------------------------- lesson 7: throughput at equal global batch
+def throughput() -> dict | None:
+    """The committed GPU run of `benchmarks.bench_throughput` (gpu_check's "throughput" section,
+    or ``gpu/throughput.json`` beside it); None where neither has one."""
+    found = section("throughput") or gpu_result("throughput")
+    return found if found and found.get("cases") else None
+
+
+def throughput_panels(run: dict | None = None) -> dict | None:
+    """The committed throughput run as `plots.throughput_panels` takes it: one panel per model
+    and budget, titled "H200 (committed run), <model>, <budget> budget", holding (budget bytes,
+    rows); None without a committed run."""
+    run = run if run is not None else throughput()
+    if run is None:
+        return None
+    where = f"{run['device'].split()[-1]} (committed run)"
+    return {f"{where}, {case['model']}, {case['budget']} budget": (case["budget_bytes"], case["rows"])
+            for case in run["cases"]}
