@@ -218,14 +218,15 @@ OUTCOMES = {
                                  f"see what {_g('fused attention', 'fused-attention')} leaves "
                                  "to free, and chunk the loss of a large vocabulary",
     "06_optimal_schedules": "place checkpoints for a memory "
-                            f"{_g('budget', 'budget')} with the planner on the step model "
+                            f"{_g('budget', 'budget')} (tensor or allocator bytes) with the planner on the step model "
                             "(checked by measurement), read the "
                             f"{_g('Pareto front', 'pareto-front')}, and get O(log L) memory by "
                             "recursive bisection",
     "07_combining_techniques": f"predict what {_g('gradient accumulation', 'gradient-accumulation')}, "
                                f"bf16 {_g('autocast', 'autocast')} and {_g('offload', 'offload')} "
-                               "do to a step's peak, alone and with checkpointing, and pick the "
-                               "mix that fits at the least recompute",
+                               "do to a step's peak, alone and with checkpointing, pick the "
+                               "mix that fits at the least recompute, and time it at equal "
+                               f"{_g('global batch', 'global-batch')}",
     "08_capacity_and_oom": "size a model's training memory, "
                            f"{_g('model state', 'model-state')} first; pick the cheapest "
                            f"checkpointing and {_g('accumulation', 'gradient-accumulation')} "
