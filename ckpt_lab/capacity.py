@@ -258,8 +258,9 @@ def plan_table(cfg: TransformerConfig, device_bytes: int,
     gib = 2 ** 30
     lines = [f"{cfg.describe()}: {cfg.num_params / 1e9:.2f}B parameters, "
              f"{cfg.precision} + {cfg.optimizer}",
-             f"device {device_bytes / gib:.1f} GiB, budget {headroom:.0%} = "
-             f"{headroom * device_bytes / gib:.1f} GiB",
+             f"device {device_bytes / 1e9:.1f} GB = {device_bytes / gib:.1f} GiB, budget "
+             f"{headroom:.0%} = {headroom * device_bytes / gib:.1f} GiB; recompute: extra FLOPs "
+             "as a share of a step's (forward + backward)",
              f"{'strategy':<22}{'accum':>6}{'micro':>6}{'activations':>13}{'state':>10}"
              f"{'total':>10}{'recompute':>11}  fits"]
     for r in rows:
@@ -277,5 +278,6 @@ def plan_table(cfg: TransformerConfig, device_bytes: int,
     else:
         lines.append(f"cheapest that fits: {best.strategy}, {best.accumulation_steps} "
                      f"accumulation step(s) of micro-batch {best.micro_batch}, "
-                     f"{best.total_bytes / gib:.2f} GiB, +{best.recompute_overhead:.1%} FLOPs")
+                     f"{best.total_bytes / gib:.2f} GiB, +{best.recompute_overhead:.1%} of a "
+                     "step's FLOPs")
     return "\n".join(lines)

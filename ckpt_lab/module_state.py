@@ -33,9 +33,10 @@ caught only by ``determinism_check="fingerprint"``):
 What it costs, all of it visible to ``track_memory``: one copy of the persistent buffers during
 the forward; after it, until backward, the copies of the buffers the forward changed (batch
 norm: its 8-byte batch counter); during the recompute, fresh copies of the changed and saved
-buffers (batch norm: its two statistics, held by its saved tensors until its backward); and a
-Python loop over the modules' parameters and buffers. ``planner.step_peak_bytes`` does not
-model these bytes (at most twice the persistent buffer bytes of the checkpointed layers).
+buffers (batch norm: its counter, until the recompute ends, and its two statistics, held by its
+saved tensors until its backward); and a
+Python loop over the modules' parameters and buffers. ``profile.profile_layers`` measures these
+copies per layer and ``planner.step_peak_bytes`` counts each where it lives.
 """
 from __future__ import annotations
 

@@ -392,6 +392,18 @@ class _Step(_Searches):
         self.unhooked = _ints("unhooked_bytes",
                               [getattr(p, "unhooked_bytes", 0) or 0 for p in profile])
         self.unhooked_prefix = list(itertools.accumulate(self.unhooked, initial=0))
+        # the checkpoint's replay of module state (module_state), per layer: copies of its
+        # persistent buffers alive through a checkpointed forward (all of the segment's, from
+        # its entry), those of buffers the forward changed kept with the checkpoint's input,
+        # fresh copies alive through the segment's recompute, and the part of those the
+        # recompute saves, held until the layer's backward (counted in own_r and bwd_r too)
+        pieces = ("buffer_copy_bytes", "changed_buffer_bytes", "recompute_buffer_bytes",
+                  "recompute_saved_buffer_bytes")
+        copy, changed, rcopy, rsaved = (
+            _ints(f, [getattr(p, f, 0) or 0 for p in profile]) for f in pieces)
+        self.copy_prefix, self.changed_prefix, self.rcopy_prefix, self.rsaved_prefix = (
+            list(itertools.accumulate(v, initial=0)) for v in (copy, changed, rcopy, rsaved))
+        self.rcopy = rcopy
         units = {bool(getattr(p, "allocator", False)) for p in profile}
         if len(units) > 1:
             raise ValueError("the profile mixes units: measure every layer with the same "
@@ -445,10 +457,18 @@ class _Step(_Searches):
         return self._checkpoint(a, b) + self._unhooked(a, b)
 
     def _checkpoint(self, a: int, b: int) -> int:
-        """What the checkpoint of segment [a, b) holds: its input (x is not counted) and, in
-        the allocator's unit, its generator states, unless none of its layers saves anything,
-        when the checkpoint has nothing to recompute and lets go."""
-        return self.inb[a] + self.state[a] if any(self.saves[a:b]) else 0
+        """What the checkpoint of segment [a, b) holds: its input (x is not counted), the
+        copies of the buffers its forward changed and, in the allocator's unit, its generator
+        states, unless none of its layers saves anything, when the checkpoint has nothing to
+        recompute and lets go."""
+        if not any(self.saves[a:b]):
+            return 0
+        return self.inb[a] + self.state[a] + self._span(self.changed_prefix, a, b)
+
+    @staticmethod
+    def _span(prefix, a: int, b: int) -> int:
+        """Sum of a per-layer piece over layers a..b-1, from its prefix sums."""
+        return prefix[b] - prefix[a]
 
     def _unhooked(self, a: int, i: int) -> int:
         """What the forward's graph keeps for layers a..i-1 past the saved-tensor hooks."""
@@ -466,7 +486,9 @@ class _Step(_Searches):
 
     def segment_peak(self, a: int, b: int) -> int:
         """Peak of checkpointed segment [a, b), its kept input included, earlier ones not."""
-        x = self.inb[a] + self.state[a]  # alive while the segment's forward runs
+        # alive while the segment's forward runs: its input, generator states, and the copies
+        # of every persistent buffer of its layers the checkpoint makes at the forward's entry
+        x = self.inb[a] + self.state[a] + self._span(self.copy_prefix, a, b)
         terms = [x + self._unhooked(a, i) + (self.inb[i] if i > a and self.root[i] >= a else 0)
                  + self.free[i] for i in range(a, b)]
         saving = [i for i in range(a, b) if self.saves[i]]
@@ -477,12 +499,16 @@ class _Step(_Searches):
                   for i in range(last + 1, b)]
         if saving:
             # the recompute stops right after the last save; the incoming gradient is alive,
-            # and (allocator unit) a copy of the generator states the recompute puts back
+            # (allocator unit) a copy of the generator states the recompute puts back, and the
+            # buffer copies it swaps in for every layer of the segment: layer i's are in its
+            # own peak, the saved ones of the layers before it in `kept`
             kept = 0
+            copies = self._span(self.rcopy_prefix, a, b)
             for i in range(a, last + 1):
                 peak = self.rec[i] if i == last else self.fwd_r[i]
+                others = copies - self.rcopy[i] - self._span(self.rsaved_prefix, a, i)
                 terms.append(x_back + self._unhooked(a, last + 1) + self.state[a]
-                             + self.gin[last] + kept
+                             + self.gin[last] + kept + others
                              + (self._input_alive(a, i) if i > a else 0) + peak)
                 kept += self.own_r[i] + self._ex(a, i)
             for i in range(last, a - 1, -1):
@@ -532,6 +558,10 @@ class _Step(_Searches):
         saves = np.array(self.saves)
         state = np.array(self.state, dtype=i64)
         uh = np.array(self.unhooked_prefix, dtype=i64)
+        cp, chp, rcp, rsp = (np.array(v, dtype=i64) for v in (
+            self.copy_prefix, self.changed_prefix, self.rcopy_prefix, self.rsaved_prefix))
+        rcopy = np.array(self.rcopy, dtype=i64)
+        never = np.iinfo(i64).min // 4                                 # below any real term
         saves_in = np.array(self.saves_in, dtype=bool)
         root = np.array(self.root)
         prev = np.array(self.inb, dtype=i64)                          # layer i's input
@@ -575,17 +605,23 @@ class _Step(_Searches):
             bt = bv + past
             big = int(bt.max()) + 2
             tail = np.maximum.accumulate(group * big + np.where(sv, -1, bt)) - group * big
-            vf = s_ + rin + fwd_r[ks]
-            before = np.concatenate([[-1], np.maximum.accumulate(vf)[:-1]])
+            # the recompute's buffer copies: those of the whole segment [a, k + 1) are alive
+            # (added below), less layer i's (in its own peak) and the saved ones of layers
+            # a..i-1 (in s_)
+            mine = rcopy[ks] + rsp[ks] - rsp[a]
+            vf = s_ + rin + fwd_r[ks] - mine
+            before = np.concatenate([[never], np.maximum.accumulate(vf)[:-1]])
             r_at = state[a] + uh[ks + 1] - uh[a] + gin[ks] \
-                + np.maximum(before, s_ + rin + rec[ks])
-            r = np.where(has, r_at[at], 0)
+                + np.maximum(before, s_ + rin + rec[ks] - mine)
+            r = np.where(has, r_at[at] + rcp[ks + 1] - rcp[a], 0)
             back = np.maximum(np.maximum(covered, tail), r) + self.head
-            seg[a, a + 1:] = np.maximum(prev[a] + state[a] + np.maximum.accumulate(f),
-                                        np.where(has, prev[a] + state[a], 0) + back) \
+            ckpt = prev[a] + state[a] + chp[ks + 1] - chp[a]   # what the checkpoint keeps
+            seg[a, a + 1:] = np.maximum(prev[a] + state[a] + cp[ks + 1] - cp[a]
+                                        + np.maximum.accumulate(f),
+                                        np.where(has, ckpt, 0) + back) \
                 if self.writer[a] is None else np.inf
             # a segment none of whose layers saves anything keeps no input (nor states)
-            keep[a, a + 1:] = np.where(has, prev[a] + state[a], 0) + uh[ks + 1] - uh[a]
+            keep[a, a + 1:] = np.where(has, ckpt, 0) + uh[ks + 1] - uh[a]
         ts = np.arange(n)
         a_f = q[ts] + alive + fwd
         head = np.where(ts < n - 1, self.head, 0)
@@ -665,9 +701,9 @@ def step_peak_bytes(boundaries, profile) -> int:
     from `profile_layers(layers, x, allocator=True)`, the allocator's bytes instead (its
     `allocator_peak_bytes`, see `plan_chain`).
     Every piece is a measurement of one layer alone; what this function adds is which pieces
-    are alive together: while segment j is recomputed and run backward, the inputs kept by
-    segments 0..j, the gradient arriving at segment j, the activations its layers saved and
-    not yet used, and the working memory of the layer running.
+    are alive together: while segment j is recomputed and run backward, the inputs (and
+    buffer copies) kept by segments 0..j, the gradient arriving at segment j, the activations
+    its layers saved and not yet used, and the working memory of the layer running.
 
     A layer that returns its input's storage (`nn.Flatten` of a contiguous input,
     ``nn.ReLU(inplace=True)``) makes none; its output is counted with the tensor it shares. A
@@ -675,10 +711,20 @@ def step_peak_bytes(boundaries, profile) -> int:
     inexact: a segment of layers that return views, one of which saves something, keeps the
     same tensor as the segment before, counted twice (high, never low). A plan with a
     checkpointed segment starting where a layer writes its input in place raises ValueError:
-    the step refuses it (`checkpoint_sequential`). Not counted: the copies of module buffers a
-    checkpoint makes to replay them (``ckpt_lab.module_state``), at most twice the persistent
-    buffer bytes of the checkpointed layers (batch norm's statistics and counter: a few hundred
-    bytes in the tests' conv nets, under 0.3% of their peaks).
+    the step refuses it (`checkpoint_sequential`).
+
+    Counted too, in both units, are the copies of module buffers a checkpoint makes to replay
+    module state (``ckpt_lab.module_state``), each measured per layer by `profile_layers`: the
+    copies of every persistent buffer of a checkpointed segment's layers, alive through that
+    segment's forward (`buffer_copy_bytes`); those of the buffers its forward changed (batch
+    norm's counter), kept with the checkpoint's input until its backward
+    (`changed_buffer_bytes`); and the fresh copies of the changed and the saved buffers made
+    when its recompute starts (`recompute_buffer_bytes`: batch norm's counter and statistics),
+    alive until the recompute ends, or until the layer's backward for those the recompute
+    saves (`recompute_saved_buffer_bytes`: ``nn.BatchNorm2d``'s statistics; none for
+    `models.RecomputeSafeBatchNorm2d`, which saves copies of its own). Exact on CPU in both
+    units for chains with batch norms and for a module of one's own whose forward changes some
+    buffers and saves others (tests/test_plan_step.py, tests/test_plan_allocator.py).
     """
     step = _Step(profile)
     return step.peak(segment_starts(step.n, boundaries=list(boundaries)))

@@ -24,6 +24,12 @@ layer that writes its input in place writes the replica, never the caller's tens
 
 It also records whether a layer writes its input in place (``nn.ReLU(inplace=True)``): no
 checkpointed segment may start there, since its checkpoint keeps that input to run again.
+And it measures what ``ckpt_lab.checkpoint``'s replay of module state (`module_state`) costs
+around the layer, checkpointed alone: the copies of its persistent buffers at a checkpointed
+forward's entry, those kept after it (buffers the forward changed), and the fresh copies a
+recompute runs on, of which those it saves stay until the layer's backward (the recompute
+measurement above runs on them, as the step's does). Any module's buffers: nothing is
+derived from a layer's type.
 
 With ``allocator=True`` the same pieces are read in the allocator's bytes
 (`track_memory(allocator=True)`): an operation's temporaries count in every peak, and two
@@ -31,8 +37,8 @@ pieces are added that only the allocator sees, what autograd keeps past the save
 hooks (so a checkpoint cannot drop it) and the generator states a checkpoint keeps.
 
 `planner.step_peak_bytes` puts the pieces together for any segmentation. Nothing of the
-model changes: parameter gradients (`.grad`), BatchNorm running statistics and the random
-number generators are restored afterwards.
+model changes: parameter gradients (`.grad`), buffers (BatchNorm running statistics, the very
+objects and their values) and the random number generators are restored afterwards.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from .memory import phase, track_memory
+from .module_state import ModuleState, saw_saved
 
 
 @dataclass
@@ -90,6 +97,20 @@ class LayerProfile:
     # that a checkpoint cannot drop it (a Python number wrapped into a tensor and saved, as
     # ``att * 0.125`` saves it); 0 in tensor bytes
     unhooked_bytes: int = 0
+    # what ckpt_lab.checkpoint's replay of module state (module_state) costs for this layer,
+    # measured by checkpointing it alone (0 for a layer without persistent buffers):
+    # copies of its persistent buffers made at a checkpointed forward's entry, alive through
+    # that forward
+    buffer_copy_bytes: int = 0
+    # those of them the forward changed (batch norm's counter), kept until the segment's
+    # backward
+    changed_buffer_bytes: int = 0
+    # fresh copies of the changed and the saved buffers (batch norm: the counter and both
+    # statistics) made when a checkpoint's recompute starts, alive until it ends
+    recompute_buffer_bytes: int = 0
+    # the part of those the recompute saves (plain batch norm's statistics), alive until this
+    # layer's backward; counted in the recompute_* fields above too
+    recompute_saved_buffer_bytes: int = 0
 
 
 def replica(t: torch.Tensor) -> torch.Tensor:
@@ -163,15 +184,18 @@ def _once(held):
 
 
 def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
-           allocator=False):
+           allocator=False, state=None):
     """Forward + backward of one layer alone, as the step runs it; returns the measurements.
 
     `once`: the layer's forward is a checkpoint's recompute, whose saved tensors autograd
-    unpacks once and lets go of sooner than its own saved tensors. `allocator`: bytes are the
-    allocator's (`track_memory(allocator=True)`): every peak counts what an operation held
-    only while it ran, and every level what no operation made (a Python number wrapped into
-    a tensor and saved, as ``att * 0.125`` saves it)."""
-    box, packs, gone = [], [], []
+    unpacks once and lets go of sooner than its own saved tensors. `state`: the layer's
+    `ModuleState` after a checkpointed forward; the recompute runs on the fresh buffer copies
+    it swaps in, as a checkpoint's does, and those it saves are held until its backward (the
+    rest go when it returns: in the step, when the segment's recompute ends). `allocator`:
+    bytes are the allocator's (`track_memory(allocator=True)`): every peak counts what an
+    operation held only while it ran, and every level what no operation made (a Python number
+    wrapped into a tensor and saved, as ``att * 0.125`` saves it)."""
+    box, packs, gone, marks = [], [], [], []
     xin = _layer_input(x, requires_grad, box)   # allocated before: held elsewhere
     version = xin._version
     store = xin.untyped_storage()
@@ -182,13 +206,31 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
         weakref.finalize(store, lambda: gone.append(len(log.timeline)))
         del store
 
+        def mark(t):   # an operation that allocates nothing: the level between two others
+            t.detach()
+            marks.append(len(log.timeline) - 1)
+
+        if state is not None:
+            mark(xin)
+            undo = state.swap_in()
+            mark(xin)
+
         def pack(t):
             packs.append((t.untyped_storage().data_ptr(), len(log.timeline)))
             alias = t.detach()
             return _Held(alias) if once else alias
 
         with torch.autograd.graph.saved_tensors_hooks(pack, _once if once else lambda t: t):
-            y = layer(xin)
+            try:
+                y = layer(xin)
+                if state is not None:
+                    mark(y)
+            finally:
+                if state is not None:    # the copies nothing saved go here
+                    state.swap_out(undo)
+                    del undo
+            if state is not None:
+                mark(y)
             writes_input = xin._version != version
             del xin
             end = None if head else _Tap.apply(y, incoming)   # keeps the graph alive
@@ -220,6 +262,9 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
                                          for k, p in enumerate(log.timeline) if k >= start])
     saves_input = any(p == in_ptr for p, _ in packs)
     last = packs[-1][1] if packs else 0
+    # the buffer copies swapped in (their level's rise), and those that outlived the swap out
+    m = [_level(log.timeline[k], allocator) for k in marks]
+    copies, kept_copies = (m[1] - m[0], m[1] - m[0] - (m[2] - m[3])) if marks else (0, 0)
     return dict(
         own=kept, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
             p == out_ptr for p, _ in packs),
@@ -227,7 +272,50 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
         writes_input=writes_input, forward_peak=forward_peak, backward_peak=backward_peak,
         held_peak=held_peak if saves_input else backward_peak,
         recompute_peak=max([0] + [lv(p) for p in log.timeline[:last]]),
+        buffer_copies=copies, saved_buffer_copies=kept_copies,
         grad=box[0] if box else None)
+
+
+def _level(point, allocator: bool) -> int:
+    """What was held right after an operation: tensor bytes, or the allocator's."""
+    return point.allocator_bytes if allocator else point.live_bytes
+
+
+def _dropped(t):
+    """A checkpointed forward's pack hook: note a saved buffer (`module_state`), keep nothing."""
+    saw_saved(t)
+
+
+def _replay(layer, x, requires_grad, allocator=False):
+    """What ``ckpt_lab.checkpoint``'s replay of module state (`module_state.ModuleState`)
+    costs around one layer checkpointed alone, measured: the copies of its persistent buffers
+    made at the forward's entry, and those it keeps after the forward (of the buffers the
+    forward changed); with the layer's state after such a forward (the recompute measurement
+    swaps it in). Zeros and None for a layer that is no module."""
+    if not isinstance(layer, torch.nn.Module):
+        return 0, 0, None
+    hooks = lambda: torch.autograd.graph.saved_tensors_hooks(_dropped, lambda h: h)  # noqa: E731
+    marks, xin = [], _layer_input(x, requires_grad)
+    with track_memory(allocator=allocator) as log:
+        def mark():   # an operation that allocates nothing: the level between two others
+            xin.detach()
+            marks.append(len(log.timeline) - 1)
+
+        mark()
+        state = ModuleState([layer])
+        mark()
+        with state.watching(), hooks():
+            y = layer(xin)
+        del y
+        mark()
+        del state
+        mark()
+    m = [_level(log.timeline[k], allocator) for k in marks]
+    # the state the recompute measurement replays, settled by a checkpointed forward of its own
+    state = ModuleState([layer])
+    with state.watching(), hooks():
+        layer(_layer_input(x, requires_grad))
+    return m[1] - m[0], m[2] - m[3], state
 
 
 def _live(point) -> int:
@@ -285,7 +373,8 @@ def _named(layers) -> list:
 
 
 class _Untouched:
-    """Restore parameter gradients, buffers (BatchNorm statistics) and RNG states on exit."""
+    """Restore parameter gradients, buffers (BatchNorm statistics: each module's own objects,
+    with their values) and RNG states on exit."""
 
     def __init__(self, modules, device):
         self.modules, self.device = modules, device
@@ -294,7 +383,9 @@ class _Untouched:
         mods = [m for m in self.modules if isinstance(m, torch.nn.Module)]
         self.params = [p for m in mods for p in m.parameters() if p.requires_grad]
         self.grads = [p.grad for p in self.params]
-        self.buffers = [(b, b.detach().clone()) for m in mods for b in m.buffers()]
+        self.buffers = [(sub._buffers, name, b, b.detach().clone()) for m in mods
+                        for sub in m.modules() for name, b in sub._buffers.items()
+                        if b is not None]
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
         self.rng = torch.random.fork_rng(devices=devices)
         self.rng.__enter__()
@@ -306,7 +397,8 @@ class _Untouched:
         for p, g in zip(self.params, self.grads):
             p.grad = g
         with torch.no_grad():
-            for b, saved in self.buffers:
+            for table, name, b, saved in self.buffers:
+                table[name] = b          # a forward may have put another object there
                 b.copy_(saved)
         self.rng.__exit__(*exc)
         return False
@@ -346,9 +438,12 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
     so the sum over any run of layers is exactly what that run pins. `out_bytes[i]` is the size
     of its output. Forward time is the median of `repeats` runs with grad enabled. The other
     fields (see `LayerProfile`) are measured with each layer run alone, and `x` is treated as
-    the step treats it: allocated before, with its own `requires_grad`. Parameter `.grad`,
-    buffers and random number generators are left as they were. `step=False` measures only
-    the activation model's fields (one forward per layer, about a third of the time).
+    the step treats it: allocated before, with its own `requires_grad`; among them the copies
+    of module buffers a checkpoint makes to replay module state, measured on a checkpointed
+    run of the layer (`buffer_copy_bytes`, `changed_buffer_bytes`, `recompute_buffer_bytes`,
+    `recompute_saved_buffer_bytes`). Parameter `.grad`, buffers and random number generators
+    are left as they were. `step=False` measures only the activation model's fields (one
+    forward per layer, about a third of the time).
 
     ``allocator=True`` measures in the allocator's bytes (`track_memory(allocator=True)`):
     every peak counts what an operation allocated and freed inside itself, every saved-bytes
@@ -368,13 +463,14 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
         # forward, layer by layer: each layer's input, whether it requires grad, its time
         # (every run gets a replica of its input: the caller's x and the inputs kept here stay
         # as they were when a layer writes its input in place)
-        inputs, needs, seconds, free = [], [], [], []
+        inputs, needs, seconds, free, replay = [], [], [], [], []
         h, req = x.detach(), x.requires_grad and x.is_floating_point()
         for _, layer in named:
             inputs.append(h)
             needs.append(req)
             if step:
                 free.append(_free_forward(layer, h, req, allocator))
+                replay.append(_replay(layer, h, req, allocator))
             times = []
             for _ in range(repeats):
                 xin = _layer_input(h, req)
@@ -398,7 +494,8 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
                 continue
             alone[i] = _alone(*args, allocator=allocator)
             with phase("recompute"):
-                again[i] = _alone(*args, once=True, allocator=allocator)
+                again[i] = _alone(*args, once=True, allocator=allocator, state=replay[i][2])
+            replay[i] = replay[i][:2]
             alone[i]["grad_in"] = 0 if incoming is None and not head else (
                 4 if head else incoming.untyped_storage().nbytes())
             incoming = alone[i]["grad"]
@@ -429,7 +526,10 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
             recompute_peak_bytes=again[i]["recompute_peak"],
             recompute_backward_peak_bytes=again[i]["backward_peak"],
             recompute_held_backward_peak_bytes=again[i]["held_peak"],
-            allocator=allocator, checkpoint_state_bytes=state, unhooked_bytes=free[i][1]))
+            allocator=allocator, checkpoint_state_bytes=state, unhooked_bytes=free[i][1],
+            buffer_copy_bytes=replay[i][0], changed_buffer_bytes=replay[i][1],
+            recompute_buffer_bytes=again[i]["buffer_copies"],
+            recompute_saved_buffer_bytes=again[i]["saved_buffer_copies"]))
     return out
 
 

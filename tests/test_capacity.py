@@ -338,3 +338,11 @@ def test_cli_names_an_architecture_and_takes_the_options(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--layers", "2", "--device-memory", "1GB"])
     assert "--arch" in capsys.readouterr().err
+
+
+def test_the_table_states_the_basis_of_recompute_and_both_units_of_the_device():
+    """Every recompute percentage says what it is a share of; a GB device size shows its GiB."""
+    text = plan_table(SMALL, parse_bytes("141GB"))
+    assert "device 141.0 GB = 131.3 GiB" in text
+    assert "share of a step's (forward + backward)" in text
+    assert text.splitlines()[-1].endswith("of a step's FLOPs")

@@ -232,3 +232,10 @@ def test_shaped_lesson_exercises_are_committed_predictions(path):
         assert re.search(rf"\b{var}\.reveal\(\)", source), f"{key} is never revealed"
         assert exercises.EXERCISES[key].expected is not None, \
             f"{key} declares no expected(): the answer-on-screen rule cannot check it"
+
+
+def test_the_tour_lists_every_lesson_by_its_current_title():
+    """The tour's course list is course.lesson_links_markdown(), so a retitled lesson cannot
+    leave the tour naming it by an old title."""
+    cells = [c.source for c in _read(NB_DIR / "00_tour.ipynb").cells if c.cell_type == "markdown"]
+    assert any(course.lesson_links_markdown() in s for s in cells)

@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from torch import nn
 
 from ckpt_lab import planner, profile_layers, track_memory
 from ckpt_lab.checkpoint import checkpoint, checkpoint_sequential
@@ -178,3 +179,73 @@ def test_a_profile_in_two_units_is_refused():
     mixed = prof[:2] + with_allocator_pieces(rng, prof[2:])
     with pytest.raises(ValueError, match="mixes units"):
         planner.step_peak_bytes([0], mixed)
+
+
+class Stateful(nn.Module):
+    """A learner's layer with state: a call counter and a running mean its forward updates in
+    place, a persistent scale it only reads (the multiply saves it), and a non-persistent
+    cache (no state: never copied)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("mean", torch.zeros(d))
+        self.register_buffer("scale", torch.full((d,), 0.5))
+        self.register_buffer("cache", torch.zeros(d), persistent=False)
+
+    def forward(self, x):
+        self.calls += 1
+        h = torch.tanh(self.lin(x))
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        return h * self.scale + self.cache
+
+
+def stateful_chain():
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU()), Stateful(32),
+              Stateful(32), nn.Sequential(nn.Linear(32, 32), nn.BatchNorm1d(32), nn.Tanh()),
+              Stateful(32), nn.Linear(32, 4)]
+    return layers, torch.randn(16, 8)
+
+
+def test_the_replay_of_module_state_is_measured_per_layer(one_thread):
+    """What ckpt_lab.checkpoint copies to replay module state (module_state), read off a
+    checkpointed run of each layer alone: the same in both units on CPU, and what the state
+    does for a batch norm and for the learner's layer above."""
+    layers, x = stateful_chain()
+    tensor, alloc = profiles(layers, x)
+    pieces = lambda p: (p.buffer_copy_bytes, p.changed_buffer_bytes,  # noqa: E731
+                        p.recompute_buffer_bytes, p.recompute_saved_buffer_bytes)
+    assert [pieces(p) for p in tensor] == [pieces(p) for p in alloc]
+    f, long = 4, 8
+    # batch norm: copies of both statistics and the counter at entry; the counter (changed)
+    # kept; the counter and the statistics (saved) copied for the recompute, which saves those
+    bn = (2 * 32 * f + long, long, 2 * 32 * f + long, 2 * 32 * f)
+    # the learner's layer: calls, mean, scale at entry (not the cache); calls and mean
+    # (changed) kept; those and scale (saved) copied for the recompute, which saves scale
+    mine = (long + 2 * 32 * f, long + 32 * f, long + 2 * 32 * f, 32 * f)
+    assert [pieces(p) for p in tensor] == [bn, mine, mine, bn, mine, (0, 0, 0, 0)]
+    # the recompute's saved copies are among what it saves, and what its backward holds
+    assert all(p.recompute_own_bytes - p.own_bytes == p.recompute_saved_buffer_bytes
+               for p in tensor)
+
+
+def test_a_learners_module_with_buffers_is_predicted_exactly_in_both_units(one_thread):
+    layers, x = stateful_chain()
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in layers]
+    objects = [[b for b in m.buffers()] for m in layers]
+    tensor, alloc = profiles(layers, x)
+    for m, state, objs in zip(layers, before, objects):   # profiling left the model alone
+        assert all(torch.equal(v, state[k]) for k, v in m.state_dict().items())
+        assert all(a is b for a, b in zip(m.buffers(), objs))
+    for plan in all_plans(len(layers)):
+        measured = step_peaks(layers, x, plan)
+        predicted = (planner.step_peak_bytes(plan, tensor), planner.step_peak_bytes(plan, alloc))
+        assert predicted == measured, (plan, predicted, measured)
+    least, none = planner.minimum_peak(alloc), planner.step_peak_bytes([0], alloc)
+    for budget in (least, (least + none) // 2):
+        plan = planner.optimal_segments(alloc, budget)
+        assert len(plan.boundaries) > 1
+        assert step_peaks(layers, x, plan.boundaries)[1] == plan.peak_bytes <= budget

@@ -19,18 +19,18 @@ def test_torch_version_parses_release_and_local_builds(version, expected):
 
 
 def test_below_the_floor_the_error_names_the_fix():
-    with pytest.raises(ImportError, match=r"needs torch>=2\.5.*torch 2\.4\.1.*pip install"):
-        check_torch("2.4.1")
-    check_torch("2.5.0")                       # the floor itself passes
+    with pytest.raises(ImportError, match=r"needs torch>=2\.13.*torch 2\.9\.1.*pip install"):
+        check_torch("2.9.1")
+    check_torch("2.13.0")                      # the floor itself passes
     check_torch()                              # and the installed torch
 
 
 def test_import_ckpt_lab_under_an_old_torch_raises_the_clear_error():
-    """A fresh interpreter whose torch claims 2.4: ImportError with the fix, not AttributeError."""
-    code = "import torch; torch.__version__ = '2.4.1'; import ckpt_lab"
+    """A fresh interpreter whose torch claims 2.9: ImportError with the fix, not a crash later."""
+    code = "import torch; torch.__version__ = '2.9.1'; import ckpt_lab"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode != 0
-    assert "ImportError: ckpt_lab needs torch>=2.5" in out.stderr, out.stderr[-1500:]
+    assert "ImportError: ckpt_lab needs torch>=2.13" in out.stderr, out.stderr[-1500:]
 
 
 def test_pyproject_states_the_same_floor():
