@@ -12,12 +12,13 @@ One small GPT from ``ckpt_lab.models``, every block checkpointed, under ``torch.
 * ``memory_budget``: no checkpoint, compile's own recomputation asked to keep about half the
   activations (``torch._functorch.config.activation_memory_budget``).
 
-For each: the first step's time (compiling included), the median step time over paired repeats
-in a rotating order after warm-up steps (a graph break can recompile once), the peak of a step
-from the allocator's
-events (``ckpt_lab.allocator.profiled_memory``: compiled code runs eagerly under
-``track_memory``'s dispatch mode, so that tracker cannot measure it), and how many graphs
-Dynamo made. On CPU the backend is ``aot_eager_decomp_partition`` (the same decompositions and
+For each, measured by ``ckpt_lab.lessons.compiled.compare`` (lesson 11 measures its compiled
+steps with the same function): the first step's time (compiling included), the median step
+time over paired repeats in a rotating order after warm-up steps (a graph break can recompile
+once), the bytes a forward leaves for the backward and the peak of a step, from the
+allocator's events (``ckpt_lab.allocator.profiled_memory``: compiled code runs eagerly under
+``track_memory``'s dispatch mode, so that tracker cannot measure it), and how many graphs and
+graph breaks Dynamo made. On CPU the backend is ``aot_eager_decomp_partition`` (the same decompositions and
 min-cut partitioner as inductor, run eagerly: inductor's C++ compile takes ~45 s a variant on
 a laptop CPU); on CUDA inductor. Run: python -m benchmarks.bench_compile [--inductor]
 """
@@ -25,14 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from ckpt_lab.allocator import profiled_memory
+from ckpt_lab.lessons import compiled
 from ckpt_lab.models import build_model, get_config
 
 OUT = Path(__file__).parent / "results" / "compile.json"
@@ -55,39 +54,26 @@ def _budget(value):
     return functorch_config.patch(activation_memory_budget=value)
 
 
-def _timed(step, device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+def _loss(model, idx, tgt):
+    """The model's loss; each compiled variant compiles its own copy (`compiled.own_code`):
+    variants that trace the same code would share one graph, and with it one memory budget."""
+    return model(idx, tgt)
 
 
-def prepare(name: str, config, batch: int, device: str, backend: str, warmup: int = 2):
-    """Build and compile one variant; returns (step, row with compile time, peak, graphs)."""
-    from torch._dynamo.utils import counters
-    policy, impl, compiled, budget = VARIANTS[name]
+def prepare(name: str, config, batch: int, device: str, backend: str):
+    """Build and compile-wrap one variant: (forward, model) for `compiled.compare`."""
+    policy, impl, compiled_, budget = VARIANTS[name]
     model = build_model(config, policy, impl).to(device)
-    run = torch.compile(model, backend=backend) if compiled else model
+    run = torch.compile(compiled.own_code(_loss), backend=backend) if compiled_ else _loss
     gen = torch.Generator().manual_seed(0)
     idx, tgt = (torch.randint(0, config.vocab_size, (batch, config.block_size), generator=gen)
                 .to(device) for _ in range(2))
 
-    def step():
-        with _budget(budget):          # (a recompile must see the same budget)
-            run(idx, tgt).backward()
-        model.zero_grad(set_to_none=True)
+    def forward():
+        with _budget(budget):          # read when the graph is partitioned (a recompile too)
+            return run(model, idx, tgt)
 
-    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    first = _timed(step, device)
-    for _ in range(warmup):
-        step()
-    row = {"first_step_seconds": first, "peak_bytes": profiled_memory(step, device).peak_bytes,
-           "graphs": int(counters["stats"]["unique_graphs"] - graphs),
-           "graph_breaks": int(sum(counters["graph_break"].values()) - breaks)}
-    return step, row
+    return forward, model
 
 
 def main(out_path: Path | None = None, quick: bool = False, backend: str | None = None) -> dict:
@@ -102,17 +88,9 @@ def main(out_path: Path | None = None, quick: bool = False, backend: str | None 
     from torch._dynamo.utils import counters
     reset()
     counters.clear()
-    steps, rows = {}, {}
-    for name in VARIANTS:
-        steps[name], rows[name] = prepare(name, config, batch, device, backend)
-    times = {name: [] for name in VARIANTS}
-    names = list(VARIANTS)
-    for r in range(repeats):           # paired repeats in a rotating order, as bench_checkpoint
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(_timed(steps[name], device))
+    rows = compiled.compare({name: prepare(name, config, batch, device, backend)
+                             for name in VARIANTS}, device, repeats)
     reset()
-    for name, row in rows.items():
-        row["median_step_seconds"] = statistics.median(times[name])
     base = rows["plain_compiled"]
     result = {
         "device": device, "torch": torch.__version__, "backend": backend,
@@ -141,4 +119,4 @@ if __name__ == "__main__":
     for name, r in res["variants"].items():
         print(f"{name:28s} first {r['first_step_seconds']:7.2f} s  step "
               f"{r['median_step_seconds'] * 1e3:8.2f} ms  peak {r['peak_bytes'] / 2**20:8.2f} MiB"
-              f"  graphs {r['graphs']}")
+              f"  graphs {r['graphs']}  breaks {r['graph_breaks']}")

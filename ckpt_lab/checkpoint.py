@@ -13,8 +13,8 @@ Read it top to bottom. First the two designs, each in its minimal form (about 25
 
 Both are exact for a deterministic function that nobody modifies in place. Everything else a
 real checkpoint must guard against, each a silent wrong gradient otherwise (most of them in
-``torch.utils.checkpoint`` too: ``tests/adversarial_cases.py`` is the catalogue, with each
-design's outcome), is layered on top (section "the checks"), then assembled into
+``torch.utils.checkpoint`` too: ``ckpt_lab/lessons/correctness.py`` is the catalogue, with
+each design's outcome), is layered on top (section "the checks"), then assembled into
 ``_checkpoint_reentrant`` and ``_Frame``:
 
 * RNG: the generators of the CPU and of every CUDA device found in the arguments (nested in

@@ -1,6 +1,6 @@
-"""The adversarial catalogue (``adversarial_cases.py``): ckpt_lab gives plain autograd's result
-or a CheckpointError naming cause and fix, in both designs; PyTorch's outcome is pinned for the
-torch this course pins (2.13), as lesson 2's table does. Also: the fingerprint raises no false
+"""The correctness catalogue (``ckpt_lab.lessons.correctness``, the one lesson 2 draws): ckpt_lab
+gives plain autograd's result or a CheckpointError naming cause and fix, in both designs;
+PyTorch's outcome is pinned for the torch this course pins (2.13), as lesson 2's grid shows. Also: the fingerprint raises no false
 alarm on any of them, the parameter search does not depend on how the function holds a module,
 and PyTorch's selective-checkpoint contexts run unchanged.
 """
@@ -15,7 +15,8 @@ from torch import nn
 
 from ckpt_lab import CheckpointError, checkpoint, track_memory
 
-from adversarial_cases import CASES, REFUSES, RIGHT, WRONG, Case, outcome, reference
+from ckpt_lab.lessons.correctness import (CASES, LESSON_ROWS, REFUSES, RIGHT, WRONG, Case,
+                                         outcome, reference)
 
 FAST = [c for c in CASES if not c.slow]
 OURS = ["ckpt_lab hooks", "ckpt_lab reentrant"]
@@ -41,6 +42,15 @@ def _one_thread(one_thread):
 def test_more_than_one_case_per_class():
     counts = {k: sum(c.cls == k for c in CASES) for k in range(1, 8)}
     assert all(n >= 2 for n in counts.values()), counts
+
+
+def test_lesson_2_shows_its_six_faults_and_one_case_per_class():
+    assert [c.cls for c in LESSON_ROWS] == [0] * 6 + list(range(1, 8))
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+def test_every_refusal_of_ckpt_lab_has_a_message_to_match():
+    assert all(c.refusal for c in CASES for d in OURS if c.expected[d] == REFUSES)
 
 
 @pytest.mark.parametrize("design", OURS)

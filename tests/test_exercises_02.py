@@ -71,14 +71,13 @@ def test_unanswered_malformed_and_raising_answers_never_raise(capsys):
 
 
 def test_the_catalogue_grid_against_ckpt_lab_and_plain_autograd():
-    torch.manual_seed(0)
-    x = torch.randn(32, 16)
-    table = correctness.grid(correctness.cases(16), {
-        "plain": lambda f, t: f(t), "ckpt_lab": lambda f, t: checkpoint(f, t),
-        "minimal hooks": minimal_hooks}, x)
-    assert list(table) == list(VERDICTS)
-    assert all(row["ckpt_lab"] == "right" or row["ckpt_lab"].startswith("refuses")
+    table = correctness.grid(correctness.FAULTS, {
+        "plain": correctness.WRAPS["plain"], "ckpt_lab": lambda f, *a: checkpoint(f, *a),
+        "minimal hooks": minimal_hooks})
+    assert list(table) == list(VERDICTS) == list(lesson02.WHY)
+    assert all(row["ckpt_lab"] == "right" or row["ckpt_lab"].startswith("refuses (CheckpointError")
                for row in table.values())
     assert [row["minimal hooks"] for row in table.values()][:5] == ["WRONG, silently"] * 5
-    assert table["optimizer step before backward"]["plain"] == "right"   # the step is undone
+    assert table["optimizer step before backward"]["plain"] == "right"   # Linear saves no bias
+    assert table["saved tensor edited inside"]["plain"] == "refuses (RuntimeError)"
     assert table["dropout (RNG)"]["plain"] == "right"

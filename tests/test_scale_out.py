@@ -85,12 +85,12 @@ def test_one_process_and_a_ddp_rank_split_into_the_same_bands(ddp, batch):
 
 def test_reentrant_checkpoint_pitfalls_under_ddp(ddp):
     rows = {r["case"]: r for r in ddp[0][2]}
-    bad = rows["reentrant, find_unused_parameters=True"]
+    bad = rows["torch reentrant, find_unused_parameters=True"]
     assert bad["outcome"] == "error" and "mark a variable ready only once" in bad["error"]
     frozen = rows["torch reentrant, frozen embedding"]
     assert frozen["outcome"] == "error" and "parameters that were not used" in frozen["error"]
     assert frozen["losses"], "the first step runs; the second finds the unused parameters"
-    for fixed in ("reentrant, static_graph=True", "hooks, find_unused_parameters=True",
+    for fixed in ("torch reentrant, static_graph=True", "ckpt_lab hooks, find_unused_parameters=True",
                   "torch non-reentrant, frozen embedding",
                   # ckpt_lab's reentrant node returns the parameters' gradients to the outer
                   # backward instead of accumulating them in a nested one: neither pitfall

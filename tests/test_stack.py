@@ -151,6 +151,38 @@ def test_compile_budget_sweep_keeps_less_as_the_budget_falls():
     assert 6 * act <= kept[0] <= 6 * act + 4 and kept[2] <= 2 * act   # + the held loss scalar
 
 
+def test_each_variant_needs_its_own_code_for_its_own_budget():
+    """Dynamo keeps graphs on the code it traces and does not guard on the budget: a second
+    compile of one function reuses the first one's graph; `compiled.own_code` compiles anew."""
+    import torch._functorch.config as fc
+    model, x = _mlp(), torch.randn(256, 64)
+
+    def loss(m, t):
+        return m(t).pow(2).mean()
+
+    def variants(copy):
+        out = {}
+        for budget in (1.0, 0.0):
+            fast = torch.compile(compiled.own_code(loss) if copy else loss,
+                                 backend="aot_eager_decomp_partition")
+
+            def forward(fast=fast, budget=budget):
+                with fc.patch(activation_memory_budget=budget):
+                    return fast(model, x)
+            out[budget] = (forward, model)
+        return out
+
+    kept = {}
+    for copy in (False, True):
+        torch._dynamo.reset()
+        rows = compiled.compare(variants(copy), repeats=1, warmup=0)
+        kept[copy] = [rows[b]["kept_bytes"] for b in (1.0, 0.0)]
+        assert [rows[b]["graphs"] for b in (1.0, 0.0)] == ([1, 0] if not copy else [1, 1])
+    torch._dynamo.reset()
+    assert kept[False][0] == kept[False][1]            # budget 0.0 ran budget 1.0's graph
+    assert kept[True][0] > kept[True][1]
+
+
 def test_track_memory_does_not_see_the_compiled_program():
     """Under a TorchDispatchMode torch.compile runs the module eagerly: the tracker sees the
     eager ops and the eager bytes, whatever the budget."""

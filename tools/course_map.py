@@ -203,8 +203,9 @@ OUTCOMES = {
                             f"{_g('allocator bytes', 'allocator-bytes')}",
     "02_checkpointing_from_scratch": f"build the {_g('reentrant', 'reentrant')} and "
                                      f"{_g('saved-tensor-hooks', 'saved-tensor-hooks')} designs "
-                                     "exact to PyTorch's bit, name the guard against each of "
-                                     "six silent faults, and predict what a checkpoint frees",
+                                     "exact to PyTorch's bit, name the guard against each "
+                                     "silent fault and where PyTorch's checkpoint lacks it, and "
+                                     "predict what a checkpoint frees",
     "03_segments_and_sqrt_l": "predict `checkpoint_sequential`'s peak for any number of "
                               f"{_g('segments', 'segment')} of a {_g('chain', 'chain')}, derive "
                               "the optimum near sqrt(L) and when more segments save nothing",
@@ -241,8 +242,8 @@ OUTCOMES = {
     "11_checkpointing_in_your_stack": "checkpoint Hugging Face and any model built of "
                                       f"{_g('blocks', 'block')}, use PyTorch's "
                                       f"{_g('selective API', 'selective-activation-checkpointing')}"
-                                      ", `save_on_cpu` and `torch.compile`'s memory budget, and "
-                                      "pick which switch to try first",
+                                      ", `save_on_cpu`, checkpointing under `torch.compile` and "
+                                      "its memory budget, and pick which switch to try first",
     "12_scale_out": f"run {_g('DDP', 'ddp')}, {_g('FSDP', 'fsdp')}2 and a "
                     f"{_g('1F1B', '1f1b')} pipeline as real processes with checkpointing, and "
                     f"predict each {_g('rank', 'rank')}'s memory",

@@ -207,10 +207,11 @@ def _frozen_embedding(model):
 # inputs and returns their gradients to the outer backward, so it has neither (its rows).
 PITFALLS = [
     # (label, checkpoint: "torch reentrant" | "torch" | a ckpt_lab impl, ddp options, frozen)
-    ("reentrant, find_unused_parameters=True", "torch reentrant",
+    ("torch reentrant, find_unused_parameters=True", "torch reentrant",
      dict(find_unused_parameters=True), False),
-    ("reentrant, static_graph=True", "torch reentrant", dict(static_graph=True), False),
-    ("hooks, find_unused_parameters=True", "hooks", dict(find_unused_parameters=True), False),
+    ("torch reentrant, static_graph=True", "torch reentrant", dict(static_graph=True), False),
+    ("ckpt_lab hooks, find_unused_parameters=True", "hooks",
+     dict(find_unused_parameters=True), False),
     ("torch reentrant, frozen embedding", "torch reentrant", {}, True),
     ("torch non-reentrant, frozen embedding", "torch", {}, True),
     # ckpt_lab's reentrant design takes the parameters its forward read as inputs: no trap

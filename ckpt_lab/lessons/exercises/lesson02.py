@@ -46,14 +46,11 @@ def kept_tensors() -> float:
 
 @functools.lru_cache(maxsize=1)
 def torch_verdicts() -> dict:
-    """Measured: "right", "wrong" or "refuses" for each case of lesson 2 under torch's checkpoint."""
+    """Measured: "right", "wrong" or "refuses" for each of lesson 2's six faults
+    (`correctness.FAULTS`) under torch's non-reentrant checkpoint."""
     from ckpt_lab.lessons import correctness
-    wrap = lambda f, t: torch.utils.checkpoint.checkpoint(f, t, use_reentrant=False)  # noqa: E731
-    torch.manual_seed(0)
-    x = torch.randn(256, 64)
-    cases = correctness.cases()
-    table = {name: correctness.outcome(wrap, case, x) for name, case in cases.items()}
-    return {name: KINDS[o.split(" (")[0].lower()] for name, o in table.items()}
+    return {case.name: KINDS[correctness.outcome(case, "torch non-reentrant")[0].lower()]
+            for case in correctness.FAULTS}
 
 
 class ResBlock(nn.Module):
@@ -182,7 +179,7 @@ EXERCISES = [
     Exercise("02.kept_tensors", "torch.utils.checkpoint.checkpoint(chain, x, use_reentrant=False) "
              "around 4 blocks Linear -> ReLU: after the forward, how many tokens x width tensors "
              "does it keep: 0, 1 or 4?", _kept, expected=kept_tensors),
-    Exercise("02.torch_verdicts", "For each of the six cases, is PyTorch's non-reentrant "
+    Exercise("02.torch_verdicts", "For each of the six faults, is PyTorch's non-reentrant "
              "checkpoint 'right', silently 'wrong', or does it 'refuse' (raise)? A dict "
              "{case: answer} over: " + ", ".join(repr(k) for k in WHY) + ".", _verdicts,
              expected=torch_verdicts),

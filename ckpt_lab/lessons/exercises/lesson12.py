@@ -70,8 +70,9 @@ def _bands(answer):
 
 @functools.lru_cache(maxsize=None)
 def failing_ddp_configurations() -> frozenset:
-    """Measured: the numbers (1-5, in `scale_out.PITFALLS` order) of the DDP configurations
-    whose two steps raise, run on one rank of a tiny GPT."""
+    """Measured: the numbers (1-5, the first five of `scale_out.PITFALLS`; 6 and 7 are ckpt_lab's
+    reentrant design, no part of the question) of the DDP configurations whose two steps
+    raise, run on one rank of a tiny GPT."""
     from ckpt_lab import distributed
     from ckpt_lab.data import TextBatches, load_corpus
     from ckpt_lab.lessons import scale_out
@@ -80,7 +81,7 @@ def failing_ddp_configurations() -> frozenset:
     x, y = TextBatches(load_corpus(), 2, cfg.block_size).get(0)
     rows = distributed.launch(scale_out.ddp_pitfalls, cfg, x, y, world_size=1,
                               backend="gloo", timeout=120)[0]
-    return frozenset(i + 1 for i, r in enumerate(rows) if r["outcome"] == "error")
+    return frozenset(i + 1 for i, r in enumerate(rows[:5]) if r["outcome"] == "error")
 
 
 def _ddp_failures(answer):
