@@ -164,3 +164,17 @@ def test_throughput_panels_mark_what_does_not_fit_and_colour_by_policy():
     assert to_rgba(points[1].get_color()) == to_rgba(plots.PHASE_COLORS["recompute"])
     assert [t.get_text() for t in a.texts] == ["2 x4", "4 x2", "4 x2"]
     assert len([l for l in b.get_lines() if l.get_marker() == "o"]) == 2
+
+
+def test_every_figure_module_is_reachable_as_plots_dot_name():
+    """The figures live in one module per kind; notebooks call each as ``plots.name``."""
+    import importlib
+    import pkgutil
+    for info in pkgutil.iter_modules(plots.__path__):
+        module = importlib.import_module(f"{plots.__name__}.{info.name}")
+        public = [n for n, v in vars(module).items() if not n.startswith("_")
+                  and getattr(v, "__module__", module.__name__) == module.__name__
+                  and not isinstance(v, type(module)) and n != "annotations"]
+        assert public, info.name
+        for name in public:
+            assert getattr(plots, name) is getattr(module, name), f"plots.{name} ({info.name})"
