@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Exercise, _number
+from .base import Exercise, near, one_of
 
 TOUR = dict(block_size=64, width=128, depth=12)
 BATCH = 16
@@ -72,32 +72,23 @@ def losses_verdict(steps: int = 4) -> str:
     return "close" if all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(*losses)) else "different"
 
 
-def _peak_ratio(answer):
-    expected = peak_ratio()
-    value = _number(answer)
-    if abs(value - expected) <= 0.1:
-        return True, (f"measured {expected:.2f}: the checkpoints free the activations of "
-                      "every segment but the last, not the loss's tensors.")
-    if value < expected:
-        return False, (f"Measured {expected:.2f}, a smaller saving than you guessed: the peak "
-                       "falls at the loss's backward, where the logits and their gradients "
-                       "(tokens x vocabulary, which no checkpoint of the chain removes) and "
-                       "the last segment's activations are alive together.")
-    return False, (f"Measured {expected:.2f}: checkpointing does lower the peak. Three of the "
-                   "four segments keep only their input after the forward; backward rebuilds "
-                   "them one at a time.")
+_peak_ratio = near(
+    peak_ratio, 0.1,
+    right="measured {expected:.2f}: the checkpoints free the activations of every segment but "
+          "the last, not the loss's tensors.",
+    low="Measured {expected:.2f}, a smaller saving than you guessed: the peak falls at the "
+        "loss's backward, where the logits and their gradients (tokens x vocabulary, which no "
+        "checkpoint of the chain removes) and the last segment's activations are alive together.",
+    high="Measured {expected:.2f}: checkpointing does lower the peak. Three of the four segments "
+         "keep only their input after the forward; backward rebuilds them one at a time.")
 
-
-def _losses(answer):
-    if answer not in LOSS_ANSWERS:
-        return False, f"Answer one of {LOSS_ANSWERS}."
-    expected = losses_verdict()
-    if answer == expected:
-        return True, ("identical, bit for bit: the recompute performs the very same operations "
-                      "in the same order on the same numbers, so even the rounding repeats.")
-    return False, (f"Measured: {expected}. Floating-point rounding differs only when the "
-                   "operations or their order differ; a recompute repeats both exactly (and "
-                   "replays the random generator, so a dropout mask repeats too).")
+_losses = one_of(
+    LOSS_ANSWERS, losses_verdict,
+    right="identical, bit for bit: the recompute performs the very same operations in the same "
+          "order on the same numbers, so even the rounding repeats.",
+    wrong="Measured: {expected}. Floating-point rounding differs only when the operations or "
+          "their order differ; a recompute repeats both exactly (and replays the random "
+          "generator, so a dropout mask repeats too).")
 
 
 EXERCISES = [

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from .base import Exercise, _name_set, _number
+from .base import Exercise, name_set, near, not_quite
 
 PARTS = ("parameters", "gradients", "optimizer states", "activations")
 CONFIG = dict(block_size=64, width=128, depth=8)     # the lesson's CPU sizes
@@ -69,14 +69,7 @@ def mixed_adam_bytes_per_param() -> float:
     return sum(parts.values()) / n
 
 
-def _grows(answer):
-    given, why = _name_set(answer, PARTS, "parts")
-    if why:
-        return False, why
-    expected = set(parts_that_grow())
-    if given == expected:
-        return True, ("only the activations: one set per token kept for backward. Gradients "
-                      "and Adam's states are one per parameter, whatever the batch.")
+def _grows_hints(given: set, expected: set) -> str:
     hints = []
     if "gradients" in given - expected:
         hints.append("a gradient has the shape of its parameter: backward sums the batch's "
@@ -87,22 +80,23 @@ def _grows(answer):
         hints.append("the weights do not depend on the data")
     if expected - given:
         hints.append("the forward keeps activations for every token of the batch")
-    return False, "Not quite: " + "; ".join(hints) + "."
+    return not_quite(hints)
 
 
-def _mixed(answer):
-    expected = mixed_adam_bytes_per_param()
-    value = _number(answer)
-    if abs(value - expected) < 0.5:
-        return True, (f"measured {expected:.2f}: 2 (bf16 weight) + 2 (bf16 gradient) + 4 (fp32 "
-                      "master copy) + 8 (fp32 Adam moments), as much as fp32 training.")
-    if value < expected:
-        return False, (f"Measured {expected:.2f}. Halving everything gives 8, but the optimizer "
-                       "updates an fp32 master copy of the weights (4 bytes) and keeps its two "
-                       "moments in fp32 (8 bytes): mixed precision saves activations and time, "
-                       "not model state.")
-    return False, (f"Measured {expected:.2f}: the gradients here are bf16 (2 bytes); keeping "
-                   "them in fp32 (18 bytes) or both (20) are other arrangements.")
+_grows = name_set(
+    PARTS, parts_that_grow, wrong=_grows_hints,
+    right="only the activations: one set per token kept for backward. Gradients and Adam's "
+          "states are one per parameter, whatever the batch.")
+
+_mixed = near(
+    mixed_adam_bytes_per_param, 0.5, strict=True,
+    right="measured {expected:.2f}: 2 (bf16 weight) + 2 (bf16 gradient) + 4 (fp32 master copy) "
+          "+ 8 (fp32 Adam moments), as much as fp32 training.",
+    low="Measured {expected:.2f}. Halving everything gives 8, but the optimizer updates an fp32 "
+        "master copy of the weights (4 bytes) and keeps its two moments in fp32 (8 bytes): "
+        "mixed precision saves activations and time, not model state.",
+    high="Measured {expected:.2f}: the gradients here are bf16 (2 bytes); keeping them in fp32 "
+         "(18 bytes) or both (20) are other arrangements.")
 
 
 EXERCISES = [

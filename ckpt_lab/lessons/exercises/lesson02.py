@@ -10,7 +10,7 @@ from torch import nn
 
 from ckpt_lab.memory import kept_after_forward
 
-from .base import Exercise, _number
+from .base import Exercise, _number, near
 
 KINDS = {"right": "right", "wrong": "wrong", "wrong, silently": "wrong", "refuses": "refuses",
          "refuse": "refuses", "error": "refuses"}
@@ -89,17 +89,14 @@ def conv_only_saving() -> float:
     return (plain - resblock_kept("conv only")) / plain
 
 
-def _kept(answer):
-    expected = kept_tensors()
-    value = _number(answer)
-    if abs(value - expected) < 0.05:
-        return True, ("one: its output, which the next layer needs. Everything the four blocks "
-                      "saved inside is dropped and rebuilt in backward.")
-    if value < expected:
-        return False, ("The output is alive after the forward (it is returned, and whatever "
-                       "comes next needs it): one tensor stays.")
-    return False, ("Four is the plain chain. Inside the checkpoint nothing is kept: saved "
-                   "tensors become handles, and only the output survives the forward.")
+_kept = near(
+    kept_tensors, 0.05, strict=True,
+    right="one: its output, which the next layer needs. Everything the four blocks saved inside "
+          "is dropped and rebuilt in backward.",
+    low="The output is alive after the forward (it is returned, and whatever comes next needs "
+        "it): one tensor stays.",
+    high="Four is the plain chain. Inside the checkpoint nothing is kept: saved tensors become "
+         "handles, and only the output survives the forward.")
 
 
 def _verdicts(answer):

@@ -10,7 +10,7 @@ from torch import nn
 
 from ckpt_lab import formulas
 
-from .base import Exercise, _close, _number
+from .base import Exercise, _number, near, one_of
 
 MOMENTS = ("end of forward", "start of backward", "a recompute tooth")
 
@@ -94,28 +94,22 @@ def _best(answer):
                    "the last segment's blocks (16 - (S - 1) x (16 // S)) for your S.")
 
 
-def _moment(answer):
-    if answer not in MOMENTS:
-        return False, f"Answer one of {MOMENTS}."
-    expected = peak_moment()
-    if answer == expected:
-        return True, ("the start of backward: the last segment, never checkpointed, runs its "
-                      "backward first with every kept input still waiting. Each tooth later "
-                      "rebuilds one segment with fewer kept inputs alive.")
-    if answer == "end of forward":
-        return False, (f"Measured: {expected}. Backward adds gradients before it frees "
-                       "anything, so the peak is always after the forward ends.")
-    return False, (f"Measured: {expected}. A tooth rebuilds one segment, no longer than the "
-                   "last one, while fewer kept inputs wait: it climbs less high.")
+_moment = one_of(
+    MOMENTS, peak_moment,
+    right="the start of backward: the last segment, never checkpointed, runs its backward first "
+          "with every kept input still waiting. Each tooth later rebuilds one segment with fewer "
+          "kept inputs alive.",
+    hints={"end of forward": "Measured: {expected}. Backward adds gradients before it frees "
+                             "anything, so the peak is always after the forward ends."},
+    wrong="Measured: {expected}. A tooth rebuilds one segment, no longer than the last one, "
+          "while fewer kept inputs wait: it climbs less high.")
 
-
-def _growth(answer):
-    expected = sqrt_growth()
-    return _close(answer, expected, 0.02,
-                  "Too small: 2 sqrt(64) / 2 sqrt(16) = 2 is the continuous estimate; whole "
-                  "segments give 2 sqrt(L) - 1 units at S = sqrt(L), so (16 - 1) / (8 - 1).",
-                  "Too large: 4x the layers is 4x the memory only without checkpoints; with "
-                  "the best segments the peak grows like sqrt(L).")
+_growth = near(
+    sqrt_growth, 0.02, relative=True,
+    low="Too small: 2 sqrt(64) / 2 sqrt(16) = 2 is the continuous estimate; whole segments give "
+        "2 sqrt(L) - 1 units at S = sqrt(L), so (16 - 1) / (8 - 1).",
+    high="Too large: 4x the layers is 4x the memory only without checkpoints; with the best "
+         "segments the peak grows like sqrt(L).")
 
 
 EXERCISES = [

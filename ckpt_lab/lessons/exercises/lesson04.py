@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ckpt_lab.models import GPTConfig, build_model
 
-from .base import Exercise, _number
+from .base import Exercise, _number, near
 
 # The lesson's CPU sizes (course.sizes picks them on a CPU).
 LAYERS, HIDDEN, HEADS, SEQ, BATCH = 4, 128, 4, 64, 4
@@ -77,18 +77,16 @@ def selective_matmuls() -> float:
     return extra / (LAYERS * 2 * BATCH * SEQ ** 2 * HIDDEN)
 
 
-def _selective_matmuls(answer):
-    value, expected = _number(answer), selective_matmuls()
-    if value == expected:
-        return True, ("one: the recompute stops early, as soon as it has rebuilt the last "
-                      "tensor backward needs. softmax . V saves only its inputs (the dropped-out "
-                      "probabilities and V), which exist before it runs, so it never runs.")
-    if value > expected:
-        return False, (f"Measured: {expected:g}. Megatron's count charges both matmuls, but "
-                       "a non-reentrant checkpoint stops at the last saved tensor: . V saves "
-                       "only its inputs, so it is never re-run.")
-    return False, (f"Measured: {expected:g}. Backward needs the softmax output, and the softmax "
-                   "needs Q K^T: that matmul is re-run.")
+_selective_matmuls = near(
+    selective_matmuls, 0,
+    right="one: the recompute stops early, as soon as it has rebuilt the last tensor backward "
+          "needs. softmax . V saves only its inputs (the dropped-out probabilities and V), which "
+          "exist before it runs, so it never runs.",
+    low="Measured: {expected:g}. Backward needs the softmax output, and the softmax needs Q K^T: "
+        "that matmul is re-run.",
+    high="Measured: {expected:g}. Megatron's count charges both matmuls, but a non-reentrant "
+         "checkpoint stops at the last saved tensor: . V saves only its inputs, so it is never "
+         "re-run.")
 
 
 def h200_selective_time() -> float | None:

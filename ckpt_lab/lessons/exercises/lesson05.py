@@ -10,7 +10,7 @@ from torch import nn
 from ckpt_lab.memory import kept_after_forward, track_memory
 from ckpt_lab.models import Block, GPTConfig, build_model
 
-from .base import Exercise, _number
+from .base import Exercise, near
 
 # The lesson's CPU sizes (course.sizes picks them on a CPU).
 SEQ, BATCH, HIDDEN, HEADS, LAYERS = 64, 4, 128, 4, 4
@@ -44,16 +44,14 @@ def seq_doubling() -> float:
     return _kept(block, 2 * SEQ) / _kept(block, SEQ)
 
 
-def _seq_doubling(answer):
-    value, expected = _number(answer), seq_doubling()
-    if abs(value - expected) <= 0.1:
-        return True, (f"x{expected:.2f}: the orange s x s tensors quadruple, the rest double; "
-                      "the longer the sequence, the nearer x4.")
-    if value < expected:
-        return False, (f"Measured x{expected:.2f}. The softmax output, its dropout mask and the "
-                       "dropped-out probabilities are s x s per head: they quadruple.")
-    return False, (f"Measured x{expected:.2f}. Only the s x s tensors quadruple; every tensor "
-                   "of s x h (the matmul inputs, the layer norms' inputs, the MLP's) doubles.")
+_seq_doubling = near(
+    seq_doubling, 0.1,
+    right="x{expected:.2f}: the orange s x s tensors quadruple, the rest double; the longer the "
+          "sequence, the nearer x4.",
+    low="Measured x{expected:.2f}. The softmax output, its dropout mask and the dropped-out "
+        "probabilities are s x s per head: they quadruple.",
+    high="Measured x{expected:.2f}. Only the s x s tensors quadruple; every tensor of s x h (the "
+         "matmul inputs, the layer norms' inputs, the MLP's) doubles.")
 
 
 def full_peak_cut() -> float:
@@ -72,18 +70,15 @@ def full_peak_cut() -> float:
     return 1 - peaks["every"] / peaks["none"]
 
 
-def _full_peak_cut(answer):
-    value, expected = _number(answer), full_peak_cut()
-    if abs(value - expected) <= 0.08:
-        return True, (f"{expected:.0%}: the forward keeps 90% less, but backward still rebuilds "
-                      "one whole block and allocates the parameter gradients: a floor no "
-                      "checkpoint placement removes.")
-    if value > expected:
-        return False, (f"Measured {expected:.0%}. What the forward keeps falls by about 90%, "
-                       "but the step's peak comes in backward: one block rebuilt in full, the "
-                       "gradients in flight and the parameter gradients sit on top.")
-    return False, (f"Measured {expected:.0%}: more than that, since every block's activations "
-                   "but one are gone at the peak.")
+_full_peak_cut = near(
+    full_peak_cut, 0.08,
+    right="{expected:.0%}: the forward keeps 90% less, but backward still rebuilds one whole "
+          "block and allocates the parameter gradients: a floor no checkpoint placement removes.",
+    low="Measured {expected:.0%}: more than that, since every block's activations but one are "
+        "gone at the peak.",
+    high="Measured {expected:.0%}. What the forward keeps falls by about 90%, but the step's "
+         "peak comes in backward: one block rebuilt in full, the gradients in flight and the "
+         "parameter gradients sit on top.")
 
 
 def sdpa_selective_share() -> float:
@@ -95,15 +90,13 @@ def sdpa_selective_share() -> float:
     return 1 - _kept(block, SEQ) / plain
 
 
-def _sdpa_selective(answer):
-    value, expected = _number(answer), sdpa_selective_share()
-    if abs(value - expected) <= 0.02:
-        return True, (f"{expected:.1%}: the fused kernel saves no s x s tensor (it recomputes "
-                      "the scores in its own backward), so checkpointing the core frees only "
-                      "its small per-row statistics.")
-    return False, (f"Measured {expected:.1%}. A fused kernel is selective recomputation built "
-                   "in: it keeps Q, K, V and one number per row, no s x s matrix, so there is "
-                   "almost nothing left for a checkpoint to free.")
+_sdpa_selective = near(
+    sdpa_selective_share, 0.02,
+    right="{expected:.1%}: the fused kernel saves no s x s tensor (it recomputes the scores in "
+          "its own backward), so checkpointing the core frees only its small per-row statistics.",
+    low="Measured {expected:.1%}. A fused kernel is selective recomputation built in: it keeps "
+        "Q, K, V and one number per row, no s x s matrix, so there is almost nothing left for a "
+        "checkpoint to free.")
 
 
 EXERCISES = [

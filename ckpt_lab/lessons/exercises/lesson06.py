@@ -13,9 +13,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .base import Exercise, _name_set, _number
+from ckpt_lab.lessons.units import MIB
 
-MIB = 2 ** 20
+from .base import Exercise, _name_set, near
+
 # Exercise 06.which_fit: three plans for the CPU-sized net and a budget for their step peak.
 FIT_PLANS = {"A": [0, 2, 4, 6, 8, 10], "B": [0, 1, 3], "C": [0, 2, 4]}
 FIT_BUDGET = int(1.75 * MIB)
@@ -80,18 +81,16 @@ def planner_saving() -> float:
     return max(saved)
 
 
-def _planner_saving(answer):
-    value, expected = _number(answer), planner_saving()
-    if abs(value - expected) <= 0.1:
-        return True, (f"{expected:.0%} less, at best: the planner cuts the big first stage "
-                      "finely, where an input is cheap to keep and quick to re-run, and leaves the "
-                      "small last stages in one long last segment, which is never re-run.")
-    if value < expected:
-        return False, (f"Measured: up to {expected:.0%} less. Uniform segments cannot tell a "
-                       "boundary in the big first stage from one in the small last stage; the "
-                       "planner keeps the last segment as long as memory allows.")
-    return False, (f"Measured: up to {expected:.0%} less. At the same peak something must still "
-                   "be re-run: every layer before the last segment's start.")
+_planner_saving = near(
+    planner_saving, 0.1,
+    right="{expected:.0%} less, at best: the planner cuts the big first stage finely, where an "
+          "input is cheap to keep and quick to re-run, and leaves the small last stages in one "
+          "long last segment, which is never re-run.",
+    low="Measured: up to {expected:.0%} less. Uniform segments cannot tell a boundary in the big "
+        "first stage from one in the small last stage; the planner keeps the last segment as "
+        "long as memory allows.",
+    high="Measured: up to {expected:.0%} less. At the same peak something must still be re-run: "
+         "every layer before the last segment's start.")
 
 
 def fit_question() -> dict:
@@ -162,17 +161,14 @@ def bisection_growth() -> float:
     return (peaks[1] - peaks[0]) / unit
 
 
-def _bisection_growth(answer):
-    value, expected = _number(answer), bisection_growth()
-    if abs(value - expected) <= 0.25:
-        return True, (f"{expected:g} unit: one more level of recursion, so one more kept input; "
-                      "memory grows as log2(L).")
-    if value > expected:
-        return False, (f"Measured {expected:g}. Segments grow like sqrt(L) and no checkpoint like "
-                       "L; bisection keeps one input per level of recursion, and doubling adds "
-                       "one level.")
-    return False, (f"Measured {expected:g}: a deeper recursion keeps one more input while its "
-                   "deepest level runs.")
+_bisection_growth = near(
+    bisection_growth, 0.25,
+    right="{expected:g} unit: one more level of recursion, so one more kept input; memory grows "
+          "as log2(L).",
+    low="Measured {expected:g}: a deeper recursion keeps one more input while its deepest level "
+        "runs.",
+    high="Measured {expected:g}. Segments grow like sqrt(L) and no checkpoint like L; bisection "
+         "keeps one input per level of recursion, and doubling adds one level.")
 
 
 EXERCISES = [

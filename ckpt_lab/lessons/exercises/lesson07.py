@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ckpt_lab.memory import track_memory
 from ckpt_lab.models import build_model, get_config
 
-from .base import Exercise, _number
+from .base import Exercise, near, one_of
 
 BATCH, SEQ, LAYERS, HIDDEN, HEADS = 4, 64, 4, 128, 4
 ORDER = ("below", "equal", "above")
@@ -57,18 +57,16 @@ def autocast_ratio() -> float:
     return step_peak(precision="bf16") / step_peak()
 
 
-def _autocast(answer):
-    value, expected = _number(answer), autocast_ratio()
-    if abs(value - expected) <= 0.07:
-        return True, (f"x{expected:.2f}: not x0.5. Autocast keeps the weights in fp32 and makes "
-                      "a bf16 copy of each for its matmuls, which autograd keeps; the layer "
-                      "norms, softmax and loss still work in fp32.")
-    if value < expected:
-        return False, (f"Measured x{expected:.2f}. Only some tensors become bf16: autocast runs "
-                       "matmuls in bf16 but layer norms, softmax and the loss in fp32, and keeps "
-                       "a bf16 copy of every weight it multiplies by.")
-    return False, (f"Measured x{expected:.2f}: the matmul outputs, most of the activations, "
-                   "are stored in 2 bytes instead of 4.")
+_autocast = near(
+    autocast_ratio, 0.07,
+    right="x{expected:.2f}: not x0.5. Autocast keeps the weights in fp32 and makes a bf16 copy "
+          "of each for its matmuls, which autograd keeps; the layer norms, softmax and loss "
+          "still work in fp32.",
+    low="Measured x{expected:.2f}. Only some tensors become bf16: autocast runs matmuls in bf16 "
+        "but layer norms, softmax and the loss in fp32, and keeps a bf16 copy of every weight it "
+        "multiplies by.",
+    high="Measured x{expected:.2f}: the matmul outputs, most of the activations, are stored in 2 "
+         "bytes instead of 4.")
 
 
 def accumulation_flops_ratio(micro_batches: int = 4) -> float:
@@ -82,16 +80,14 @@ def accumulation_flops_ratio(micro_batches: int = 4) -> float:
     return counts[1] / counts[0]
 
 
-def _accumulation_flops(answer):
-    value, expected = _number(answer), accumulation_flops_ratio(4)
-    if abs(value - expected) <= 0.01:
-        return True, (f"x{expected:g}: accumulation re-runs nothing; every row goes through one "
-                      "forward and one backward, in four smaller pieces.")
-    if value < expected:
-        return False, ("Every row of the batch still goes through the whole forward and "
-                       "backward once: the arithmetic is the same.")
-    return False, ("Accumulation recomputes nothing: it runs the same rows in four smaller "
-                   "pieces (smaller matmuls, the same FLOPs).")
+_accumulation_flops = near(
+    accumulation_flops_ratio, 0.01,
+    right="x{expected:g}: accumulation re-runs nothing; every row goes through one forward and "
+          "one backward, in four smaller pieces.",
+    low="Every row of the batch still goes through the whole forward and backward once: the "
+        "arithmetic is the same.",
+    high="Accumulation recomputes nothing: it runs the same rows in four smaller pieces (smaller "
+         "matmuls, the same FLOPs).")
 
 
 def bf16_small_batch_ratio() -> float:
@@ -106,18 +102,15 @@ def bf16_small_batch() -> str:
     return "equal" if abs(r - 1) <= 0.02 else ("above" if r > 1 else "below")
 
 
-def _bf16_small(answer):
-    if not isinstance(answer, str) or answer.strip().lower() not in ORDER:
-        return False, f"Answer one of {ORDER}."
-    r = bf16_small_batch_ratio()
-    expected = bf16_small_batch()
-    if answer.strip().lower() == expected:
-        return True, (f"{expected} (x{r:.2f}): the bf16 copies of the weights autocast keeps do "
-                      "not shrink with the micro-batch, while the activations they save on do; "
-                      "with every block checkpointed there is little activation left to halve.")
-    return False, (f"Measured x{r:.2f}. With every block checkpointed and one row per "
-                   "micro-batch the activations are small, but autocast still keeps a bf16 copy "
-                   "of every weight it multiplies by: a cost per model, not per row.")
+_bf16_small = one_of(
+    ORDER, bf16_small_batch, normalise=lambda s: s.strip().lower(),
+    facts=lambda: {"r": bf16_small_batch_ratio()},
+    right="{expected} (x{r:.2f}): the bf16 copies of the weights autocast keeps do not shrink "
+          "with the micro-batch, while the activations they save on do; with every block "
+          "checkpointed there is little activation left to halve.",
+    wrong="Measured x{r:.2f}. With every block checkpointed and one row per micro-batch the "
+          "activations are small, but autocast still keeps a bf16 copy of every weight it "
+          "multiplies by: a cost per model, not per row.")
 
 
 EXERCISES = [

@@ -6,7 +6,7 @@ from functools import lru_cache
 
 import torch
 
-from .base import GIB, Exercise, _name_set
+from .base import GIB, Exercise, name_set, one_of
 
 MODELS = ("7B", "13B", "70B")
 GPU = "141GB"
@@ -32,17 +32,16 @@ def _state_and_budget(gpu: str = GPU) -> tuple[dict, float]:
     return state, capacity.DEFAULT_HEADROOM * capacity.parse_bytes(gpu) / GIB
 
 
-def _fits(answer):
-    given, error = _name_set(answer, MODELS, "model sizes")
-    if error:
-        return False, error
-    right = models_that_fit()
+def _fits_right(right: set) -> str:
     state, budget = _state_and_budget()
-    if given == right:
-        return True, (f"only {', '.join(sorted(right))}: its state ("
-                      + ", ".join(f"{state[m]:.0f} GiB" for m in sorted(right))
-                      + f") leaves room under the {budget:.1f} GiB budget; the others' state "
-                      "alone does not fit.")
+    return (f"only {', '.join(sorted(right))}: its state ("
+            + ", ".join(f"{state[m]:.0f} GiB" for m in sorted(right))
+            + f") leaves room under the {budget:.1f} GiB budget; the others' state alone does "
+            "not fit.")
+
+
+def _fits_hints(given: set, right: set) -> str:
+    state, budget = _state_and_budget()
     hints = []
     if given - right:
         hints.append("Size the state first: " + ", ".join(
@@ -52,7 +51,10 @@ def _fits(answer):
         hints.append(", ".join(f"The {m}'s state ({state[m]:.0f} GiB)" for m in sorted(right - given))
                      + f" is under the {budget:.1f} GiB budget, and checkpointing with "
                      "accumulation brings the activations down to a few GiB.")
-    return False, " ".join(hints)
+    return " ".join(hints)
+
+
+_fits = name_set(MODELS, models_that_fit, _fits_right, _fits_hints, what="model sizes")
 
 
 def course_gpt():
@@ -138,21 +140,17 @@ def accumulation_time() -> str:
     return "slower" if r > 1.1 else "faster" if r < 0.9 else "same"
 
 
-def _accumulation_time(answer):
-    choices = ("slower", "same", "faster")
-    if not isinstance(answer, str) or answer.lower() not in choices:
-        return False, f"Answer one of {choices}."
-    right, r = accumulation_time(), accumulation_time_ratio()
-    if answer.lower() == right:
-        return True, (f"{right}: x{r:.2f} the CPU time for x1.00 the FLOPs. Every micro-batch "
-                      "repeats every operation, and at these sizes a step's time is mostly "
-                      "per-operation overhead, not arithmetic.")
-    if answer.lower() == "same":
-        return False, (f"FLOPs are the same, but the CPU time is x{r:.2f}: each of the 4 "
-                       "micro-batches runs every operation, and small operations cost their "
-                       "overhead whatever their size.")
-    return False, (f"Measured x{r:.2f} the CPU time: the arithmetic is the same, the number of "
-                   "operations is 4 times larger.")
+_accumulation_time = one_of(
+    ("slower", "same", "faster"), accumulation_time, normalise=str.lower,
+    facts=lambda: {"r": accumulation_time_ratio()},
+    right="{expected}: x{r:.2f} the CPU time for x1.00 the FLOPs. Every micro-batch repeats every "
+          "operation, and at these sizes a step's time is mostly per-operation overhead, not "
+          "arithmetic.",
+    hints={"same": "FLOPs are the same, but the CPU time is x{r:.2f}: each of the 4 micro-batches "
+                   "runs every operation, and small operations cost their overhead whatever "
+                   "their size."},
+    wrong="Measured x{r:.2f} the CPU time: the arithmetic is the same, the number of operations "
+          "is 4 times larger.")
 
 
 EXERCISES = [

@@ -6,7 +6,7 @@ import math
 
 from ckpt_lab import formulas
 
-from .base import GIB, Exercise, _close, _number
+from .base import GIB, Exercise, _number, near
 
 
 def true_saving_100_10() -> float:
@@ -63,12 +63,12 @@ def accumulation_bound() -> float:
     return (state + 60 * GIB) / state
 
 
-def _accumulation_bound(answer):
-    return _close(answer, accumulation_bound(), 0.02,
-                  "Too small: divide the whole peak (model state + activations) by the part no "
-                  "activation technique removes, the model state.",
-                  "Too large: model state does not shrink: mixed-precision Adam keeps 16 bytes "
-                  "per parameter (formulas.model_state_bytes(7e9, 'mixed', 'adam')).")
+_accumulation_bound = near(
+    accumulation_bound, 0.02, relative=True,
+    low="Too small: divide the whole peak (model state + activations) by the part no activation "
+        "technique removes, the model state.",
+    high="Too large: model state does not shrink: mixed-precision Adam keeps 16 bytes per "
+         "parameter (formulas.model_state_bytes(7e9, 'mixed', 'adam')).")
 
 
 EXERCISES = [

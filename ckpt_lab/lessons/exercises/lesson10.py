@@ -9,7 +9,7 @@ from torch import nn
 
 from ckpt_lab.checkpoint import checkpoint
 
-from .base import Exercise, _number
+from .base import Exercise, _number, near, one_of
 from .lesson02 import _dropout_chain, _grads
 
 WIDTH, BATCH = 128, 512        # the default model's CPU sizes (course.sizes' first values)
@@ -61,16 +61,14 @@ def least_peak_fraction() -> float:
     return planner.minimum_peak(profile) / planner.step_peak_bytes([0], profile)
 
 
-def _least_peak(answer):
-    value, right = _number(answer), least_peak_fraction()
-    if abs(value - right) <= 0.05:
-        return True, (f"{right:.2f}: checkpointing frees what the layers keep, not the largest "
-                      "layer's own activations or backward's working memory, which bound it.")
-    if value < right:
-        return False, ("Too low: even the finest plan must hold one segment's activations, the "
-                       "inputs kept before it, and backward's working memory (gradients).")
-    return False, ("Too high: a fine plan keeps only small boundary tensors while one segment "
-                   "at a time is rebuilt.")
+_least_peak = near(
+    least_peak_fraction, 0.05,
+    right="{expected:.2f}: checkpointing frees what the layers keep, not the largest layer's own "
+          "activations or backward's working memory, which bound it.",
+    low="Too low: even the finest plan must hold one segment's activations, the inputs kept "
+        "before it, and backward's working memory (gradients).",
+    high="Too high: a fine plan keeps only small boundary tensors while one segment at a time is "
+         "rebuilt.")
 
 
 def rng_matters_for_dropout() -> bool:
@@ -82,15 +80,12 @@ def rng_matters_for_dropout() -> bool:
     return not all(torch.equal(a, b) for a, b in zip(plain, loose))
 
 
-def _rng_replay(answer):
-    if not isinstance(answer, bool):
-        return False, "Answer True or False."
-    expected = rng_matters_for_dropout()
-    if answer == expected:
-        return True, ("Right: without the replay the recompute draws a new dropout mask, so "
-                      "backward differentiates a different function than the forward ran.")
-    return False, ("Measured: with preserve_rng_state=False the recompute draws a new dropout "
-                   "mask, and the gradients differ from a plain run's.")
+_rng_replay = one_of(
+    (True, False), rng_matters_for_dropout,
+    right="Right: without the replay the recompute draws a new dropout mask, so backward "
+          "differentiates a different function than the forward ran.",
+    wrong="Measured: with preserve_rng_state=False the recompute draws a new dropout mask, and "
+          "the gradients differ from a plain run's.")
 
 
 EXERCISES = [

@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from .base import Exercise, _number
+from .base import Exercise, _number, near
 
 LAYERS, BATCH, SEQ, VOCAB = 6, 2, 64, 256      # the lesson's tiny Hugging Face models
 
@@ -69,19 +69,17 @@ def trap_adapters_with_grad(layers: int = LAYERS, every: int = 3) -> int:
     return hf.trainable_with_grad(model)
 
 
-def _trap_adapters(answer):
-    value, expected = _number(answer), trap_adapters_with_grad()
-    if value == expected:
-        return True, (f"{expected} of 24: layer 0's input is the frozen embedding's output, so "
-                      "its four adapter tensors get nothing; layer 3's input comes from layers "
-                      "with trainable adapters, so it is fine. Only a UserWarning says so.")
-    if value < expected:
-        return False, ("Too few: a reentrant checkpoint loses gradients only when none of its "
-                       "inputs requires grad. Which checkpointed layer gets an input computed by "
-                       "trainable adapters in an earlier layer?")
-    return False, ("Too many: layer 0 is checkpointed and its input, the frozen embedding's "
-                   "output, does not require grad: its adapters (A and B of q_proj and v_proj) "
-                   "get nothing, and the step runs on without an error.")
+_trap_adapters = near(
+    trap_adapters_with_grad, 0,
+    right="{expected} of 24: layer 0's input is the frozen embedding's output, so its four "
+          "adapter tensors get nothing; layer 3's input comes from layers with trainable "
+          "adapters, so it is fine. Only a UserWarning says so.",
+    low="Too few: a reentrant checkpoint loses gradients only when none of its inputs requires "
+        "grad. Which checkpointed layer gets an input computed by trainable adapters in an "
+        "earlier layer?",
+    high="Too many: layer 0 is checkpointed and its input, the frozen embedding's output, does "
+         "not require grad: its adapters (A and B of q_proj and v_proj) get nothing, and the step "
+         "runs on without an error.")
 
 
 @functools.lru_cache(maxsize=None)

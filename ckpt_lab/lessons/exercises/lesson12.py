@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 
-from .base import Exercise
+from .base import Exercise, name_set, not_quite
 
 BANDS = ("weights", "gradients", "buckets", "Adam", "gathered weights", "activations")
+# Band names as a learner may write them: any case, or as lesson 12's bars name the last one.
+_BAND_NAMES = {b.lower(): b for b in BANDS} | {"activations & buffers": "activations"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,23 +40,7 @@ def fsdp_halving_bands(world: int = 2, rows: int = 8) -> frozenset:
     return frozenset(b for b, r in ratios.items() if abs(r - 1 / world) <= 0.1 / world)
 
 
-def _bands(answer):
-    if isinstance(answer, str):
-        answer = {answer}
-    try:
-        given = {str(a).strip().lower() for a in answer}
-    except TypeError:
-        return False, "Give a set of band names, e.g. {'weights', 'Adam'}."
-    names = {b.lower(): b for b in BANDS} | {"activations & buffers": "activations"}
-    unknown = given - set(names)
-    if unknown:
-        return False, f"Unknown bands {sorted(unknown)}; choose from {list(BANDS)}."
-    given = {names[g] for g in given}
-    expected = set(fsdp_halving_bands())
-    if given == expected:
-        return True, ("weights, gradients and Adam's moments are sharded (16 B/param / 2 per "
-                      "rank), and each rank runs half the rows, so its activations halve too. "
-                      "DDP halves only the activations.")
+def _bands_hints(given: set, expected: set) -> str:
     hints = []
     if "activations" not in given:
         hints.append("each rank runs B/N of the rows, so its activations are those of half "
@@ -65,7 +51,15 @@ def _bands(answer):
         hints.append("FSDP keeps no buckets: it reduce-scatters each unit's gradients")
     if "gathered weights" in given:
         hints.append("gathered weights do not halve: they appear, one unit at a time")
-    return False, "Not quite: " + "; ".join(hints) + "."
+    return not_quite(hints)
+
+
+_bands = name_set(
+    BANDS, fsdp_halving_bands, wrong=_bands_hints, what="bands",
+    normalise=lambda name: _BAND_NAMES.get(name.strip().lower(), name),
+    right="weights, gradients and Adam's moments are sharded (16 B/param / 2 per rank), and each "
+          "rank runs half the rows, so its activations halve too. DDP halves only the "
+          "activations.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,20 +78,7 @@ def failing_ddp_configurations() -> frozenset:
     return frozenset(i + 1 for i, r in enumerate(rows[:5]) if r["outcome"] == "error")
 
 
-def _ddp_failures(answer):
-    if isinstance(answer, int):
-        answer = {answer}
-    try:
-        given = {int(a) for a in answer}
-    except (TypeError, ValueError):
-        return False, "Give the set of configuration numbers that fail, e.g. {2, 5}."
-    if not given <= {1, 2, 3, 4, 5}:
-        return False, "The configurations are numbered 1 to 5."
-    expected = set(failing_ddp_configurations())
-    if given == expected:
-        return True, ("1 and 4: with find_unused_parameters DDP marks the reentrant "
-                      "checkpoint's parameters ready twice; with a frozen embedding they get "
-                      "no gradient and step 2 refuses to start.")
+def _ddp_hints(given: set, expected: set) -> str:
     hints = []
     if 1 in expected - given:
         hints.append("1: find_unused_parameters walks the graph after the forward, and a "
@@ -108,7 +89,14 @@ def _ddp_failures(answer):
     if given - expected:
         hints.append(f"{sorted(given - expected)} ran both steps: static_graph, the "
                      "non-reentrant design and the default options all work")
-    return False, "Not quite: " + "; ".join(hints) + "."
+    return not_quite(hints)
+
+
+_ddp_failures = name_set(
+    (1, 2, 3, 4, 5), failing_ddp_configurations, wrong=_ddp_hints, convert=int,
+    what="configuration numbers",
+    right="1 and 4: with find_unused_parameters DDP marks the reentrant checkpoint's parameters "
+          "ready twice; with a frozen embedding they get no gradient and step 2 refuses to start.")
 
 
 @functools.lru_cache(maxsize=None)
