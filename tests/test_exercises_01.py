@@ -5,6 +5,8 @@ from ckpt_lab import formulas
 from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons.exercises import lesson01
 
+from exercise_checks import right_then_wrong
+
 
 def test_the_measured_answers():
     assert lesson01.parts_that_grow() == {"activations"}
@@ -22,11 +24,7 @@ def test_the_measured_answers():
     ("01.mixed_adam_bytes", 16.0, 18, "fp32 (18 bytes)"),
 ])
 def test_right_and_wrong(key, right, wrong, hint, capsys):
-    assert exercises.check(key, right) is True
-    assert "✓" in capsys.readouterr().out
-    assert exercises.check(key, wrong) is False
-    out = capsys.readouterr().out
-    assert "✗" in out and hint in out
+    right_then_wrong(key, right, wrong, hint, capsys)
 
 
 def test_malformed_answers_never_raise(capsys):

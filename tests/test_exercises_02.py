@@ -9,6 +9,8 @@ from ckpt_lab.checkpoint import minimal_hooks
 from ckpt_lab.lessons import correctness, exercises
 from ckpt_lab.lessons.exercises import lesson02
 
+from exercise_checks import right_then_wrong
+
 VERDICTS = {"dropout (RNG)": "right", "input edited after forward": "refuses",
             "saved tensor edited inside": "wrong", "optimizer step before backward": "wrong",
             "RReLU fills a saved buffer": "wrong", "recompute differs (metadata)": "refuses"}
@@ -35,11 +37,7 @@ def test_the_measured_answers():
     ("02.my_checkpoint", _torch_checkpoint, lambda fn, x: fn(x), "keeps"),
 ])
 def test_right_and_wrong(key, right, wrong, hint, capsys):
-    assert exercises.check(key, right) is True
-    assert "✓" in capsys.readouterr().out
-    assert exercises.check(key, wrong) is False
-    out = capsys.readouterr().out
-    assert "✗" in out and hint in out
+    right_then_wrong(key, right, wrong, hint, capsys)
 
 
 def test_verdicts_are_judged_case_by_case(capsys):

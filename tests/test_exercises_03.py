@@ -5,6 +5,8 @@ from ckpt_lab import formulas
 from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons.exercises import lesson03
 
+from exercise_checks import right_then_wrong
+
 
 def _best_units(layers: int) -> int:
     """Least uniform checkpoint_sequential peak, in units, by brute force."""
@@ -30,11 +32,7 @@ def test_the_measured_answers_and_the_shape_of_the_curve():
     ("03.sqrt_growth", 15 / 7, 4.0, "sqrt(L)"),
 ])
 def test_right_and_wrong(key, right, wrong, hint, capsys):
-    assert exercises.check(key, right) is True
-    assert "✓" in capsys.readouterr().out
-    assert exercises.check(key, wrong) is False
-    out = capsys.readouterr().out
-    assert "✗" in out and hint in out
+    right_then_wrong(key, right, wrong, hint, capsys)
 
 
 def test_malformed_answers_never_raise(capsys):

@@ -16,22 +16,20 @@ from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons.exercises import lesson04
 from ckpt_lab.models import GPTConfig, build_model
 
+from exercise_checks import judge, unanswered_and_malformed
+
 ROOT = Path(__file__).resolve().parent.parent
 GPU_FILE = ROOT / "benchmarks" / "results" / "gpu" / "gpu_check.json"
 LESSON = ROOT / "notebooks" / "04_the_price.ipynb"
-
-
-def _judge(key, answer):
-    return exercises.EXERCISES[key].judge(answer)[0]
 
 
 def test_full_flops_is_the_papers_ratio():
     args = (lesson04.LAYERS, lesson04.HIDDEN, lesson04.SEQ, lesson04.BATCH, 256)
     paper = formulas.transformer_flops(*args, recompute="full") / formulas.transformer_flops(*args)
     assert exercises.EXERCISES["04.full_flops"].expected() == pytest.approx(paper, rel=1e-12)
-    assert _judge("04.full_flops", paper) and _judge("04.full_flops", 4 / 3)
+    assert judge("04.full_flops", paper) and judge("04.full_flops", 4 / 3)
     for wrong in (2.0, 1.5, 1.0):
-        assert not _judge("04.full_flops", wrong)
+        assert not judge("04.full_flops", wrong)
 
 
 def test_selective_re_runs_one_matmul_counted_by_hand():
@@ -47,8 +45,8 @@ def test_selective_re_runs_one_matmul_counted_by_hand():
     qk = 2 * lesson04.BATCH * lesson04.SEQ ** 2 * lesson04.HIDDEN
     assert counts["selective"] - counts["none"] == lesson04.LAYERS * qk
     assert exercises.EXERCISES["04.selective_matmuls"].expected() == 1
-    assert _judge("04.selective_matmuls", 1)
-    assert not _judge("04.selective_matmuls", 2) and not _judge("04.selective_matmuls", 0)
+    assert judge("04.selective_matmuls", 1)
+    assert not judge("04.selective_matmuls", 2) and not judge("04.selective_matmuls", 0)
 
 
 @pytest.mark.skipif(not GPU_FILE.exists(), reason="no committed GPU run")
@@ -56,16 +54,13 @@ def test_selective_time_is_read_from_the_committed_run():
     sel = json.loads(GPU_FILE.read_text())["policies"]["policies"]["selective"]
     percent = 100 * (sel["time_ratio"] - 1)
     assert exercises.EXERCISES["04.selective_time"].expected() == pytest.approx(percent)
-    assert _judge("04.selective_time", round(percent))
-    assert not _judge("04.selective_time", 100 * (sel["flop_ratio"] - 1))   # the FLOP share
-    assert not _judge("04.selective_time", 36)
+    assert judge("04.selective_time", round(percent))
+    assert not judge("04.selective_time", 100 * (sel["flop_ratio"] - 1))   # the FLOP share
+    assert not judge("04.selective_time", 36)
 
 
 def test_unanswered_and_malformed_never_raise(capsys):
-    for key in exercises.keys(4):
-        assert exercises.check(key, None) is False
-        assert exercises.check(key, "a lot") is False
-    assert "not answered yet" in capsys.readouterr().out
+    unanswered_and_malformed(exercises.keys(4), "a lot", capsys)
     assert len(exercises.keys(4)) == 3
 
 

@@ -10,26 +10,24 @@ from ckpt_lab.lessons import saved as saved_terms
 from ckpt_lab.lessons.exercises import lesson05
 from ckpt_lab.models import Block, GPTConfig
 
+from exercise_checks import judge, unanswered_and_malformed
+
 B, S, H, A = lesson05.BATCH, lesson05.SEQ, lesson05.HIDDEN, lesson05.HEADS
-
-
-def _judge(key, answer):
-    return exercises.EXERCISES[key].judge(answer)[0]
 
 
 def test_seq_doubling_is_the_formulas_ratio():
     by_formula = (formulas.gpt_block_bytes(B, 2 * S, H, A, 4, mask_bytes=4)
                   / formulas.gpt_block_bytes(B, S, H, A, 4, mask_bytes=4))
     assert exercises.EXERCISES["05.seq_doubling"].expected() == pytest.approx(by_formula, rel=1e-9)
-    assert _judge("05.seq_doubling", round(by_formula, 2))
-    assert not _judge("05.seq_doubling", 2) and not _judge("05.seq_doubling", 4)
+    assert judge("05.seq_doubling", round(by_formula, 2))
+    assert not judge("05.seq_doubling", 2) and not judge("05.seq_doubling", 4)
 
 
 def test_full_peak_cut_about_half_on_the_cpu_gpt():
     cut = exercises.EXERCISES["05.full_peak_cut"].expected()
     assert 0.35 < cut < 0.65
-    assert _judge("05.full_peak_cut", round(cut, 2))
-    assert not _judge("05.full_peak_cut", 0.9) and not _judge("05.full_peak_cut", 0.1)
+    assert judge("05.full_peak_cut", round(cut, 2))
+    assert not judge("05.full_peak_cut", 0.9) and not judge("05.full_peak_cut", 0.1)
 
 
 def test_sdpa_core_checkpoint_frees_only_the_logsumexp():
@@ -38,15 +36,12 @@ def test_sdpa_core_checkpoint_frees_only_the_logsumexp():
                                              act_bytes=4)
     lse = terms["softmax logsumexp (fp32, fused kernel)"]
     assert share == pytest.approx(lse / (sum(terms.values()) + 2 * 2 * B * S * 4), rel=1e-6)
-    assert _judge("05.sdpa_selective", 0) and _judge("05.sdpa_selective", 0.01)
-    assert not _judge("05.sdpa_selective", 0.3)
+    assert judge("05.sdpa_selective", 0) and judge("05.sdpa_selective", 0.01)
+    assert not judge("05.sdpa_selective", 0.3)
 
 
 def test_unanswered_and_malformed_never_raise(capsys):
-    for key in exercises.keys(5):
-        assert exercises.check(key, None) is False
-        assert exercises.check(key, "twice") is False
-    assert "not answered yet" in capsys.readouterr().out
+    unanswered_and_malformed(exercises.keys(5), "twice", capsys)
     assert len(exercises.keys(5)) == 3
 
 

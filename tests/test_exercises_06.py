@@ -8,9 +8,7 @@ from ckpt_lab import planner
 from ckpt_lab.lessons import exercises, widgets
 from ckpt_lab.lessons.exercises import lesson06
 
-
-def _judge(key, answer):
-    return exercises.EXERCISES[key].judge(answer)[0]
+from exercise_checks import judge, unanswered_and_malformed
 
 
 def _bisect(n):
@@ -35,8 +33,8 @@ def test_planner_saving_against_every_plan_enumerated():
         best = next(cost(p) for p in plans if p[-1] == cheapest)
         saved.append(1 - best / uniform.recompute_cost)
     assert exercises.EXERCISES["06.planner_saving"].expected() == pytest.approx(max(saved))
-    assert _judge("06.planner_saving", round(max(saved), 2))
-    assert not _judge("06.planner_saving", 0.0) and not _judge("06.planner_saving", 1.0)
+    assert judge("06.planner_saving", round(max(saved), 2))
+    assert not judge("06.planner_saving", 0.0) and not judge("06.planner_saving", 1.0)
 
 
 def test_which_fit_by_measuring_each_plan():
@@ -47,21 +45,18 @@ def test_which_fit_by_measuring_each_plan():
     act, out = [p.act_bytes for p in profile], [p.out_bytes for p in profile]
     assert all(planner.evaluate_plan(plan, act, out, [1] * len(act)).peak_bytes <= lesson06.FIT_BUDGET
                for plan in lesson06.FIT_PLANS.values())    # the activation model says all fit
-    assert _judge("06.which_fit", fits)
-    assert not _judge("06.which_fit", set(lesson06.FIT_PLANS))
-    assert not _judge("06.which_fit", {"D"})
+    assert judge("06.which_fit", fits)
+    assert not judge("06.which_fit", set(lesson06.FIT_PLANS))
+    assert not judge("06.which_fit", {"D"})
 
 
 def test_bisection_growth_is_one_unit_as_the_recursion_says():
     assert _bisect(32)[0] - _bisect(16)[0] == 1
     assert exercises.EXERCISES["06.bisection_growth"].expected() == pytest.approx(1.0)
-    assert _judge("06.bisection_growth", 1)
-    assert not _judge("06.bisection_growth", 2 ** 0.5 * 4) and not _judge("06.bisection_growth", 16)
+    assert judge("06.bisection_growth", 1)
+    assert not judge("06.bisection_growth", 2 ** 0.5 * 4) and not judge("06.bisection_growth", 16)
 
 
 def test_unanswered_and_malformed_never_raise(capsys):
-    for key in exercises.keys(6):
-        assert exercises.check(key, None) is False
-        assert exercises.check(key, "many") is False
-    assert "not answered yet" in capsys.readouterr().out
+    unanswered_and_malformed(exercises.keys(6), "many", capsys)
     assert len(exercises.keys(6)) == 3

@@ -14,13 +14,11 @@ from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons.exercises import lesson07
 from ckpt_lab.models import GPTConfig, build_model
 
+from exercise_checks import judge, unanswered_and_malformed
+
 ROOT = Path(__file__).resolve().parent.parent
 MINE = ["04_the_price", "05_transformers_selective", "06_optimal_schedules",
         "07_combining_techniques"]
-
-
-def _judge(key, answer):
-    return exercises.EXERCISES[key].judge(answer)[0]
 
 
 def test_accumulation_flops_on_an_independent_gpt():
@@ -34,30 +32,27 @@ def test_accumulation_flops_on_an_independent_gpt():
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1]
     assert exercises.EXERCISES["07.accumulation_flops"].expected() == 1.0
-    assert _judge("07.accumulation_flops", 1.0)
-    assert not _judge("07.accumulation_flops", 4.0) and not _judge("07.accumulation_flops", 0.25)
+    assert judge("07.accumulation_flops", 1.0)
+    assert not judge("07.accumulation_flops", 4.0) and not judge("07.accumulation_flops", 0.25)
 
 
 def test_autocast_ratio_lies_between_a_cast_model_and_fp32():
     ratio = exercises.EXERCISES["07.autocast_ratio"].expected()
     assert 0.5 < ratio < 1
-    assert _judge("07.autocast_ratio", round(ratio, 2))
-    assert not _judge("07.autocast_ratio", 0.5) and not _judge("07.autocast_ratio", 1.0)
+    assert judge("07.autocast_ratio", round(ratio, 2))
+    assert not judge("07.autocast_ratio", 0.5) and not judge("07.autocast_ratio", 1.0)
 
 
 def test_bf16_costs_more_at_one_row_with_every_block_checkpointed():
     assert lesson07.bf16_small_batch_ratio() > 1.02
     assert exercises.EXERCISES["07.bf16_small_batch"].expected() == "above"
-    assert _judge("07.bf16_small_batch", "above") and _judge("07.bf16_small_batch", " Above ")
-    assert not _judge("07.bf16_small_batch", "below")
-    assert not _judge("07.bf16_small_batch", "more")          # not one of the three: a hint
+    assert judge("07.bf16_small_batch", "above") and judge("07.bf16_small_batch", " Above ")
+    assert not judge("07.bf16_small_batch", "below")
+    assert not judge("07.bf16_small_batch", "more")          # not one of the three: a hint
 
 
 def test_unanswered_and_malformed_never_raise(capsys):
-    for key in exercises.keys(7):
-        assert exercises.check(key, None) is False
-        assert exercises.check(key, ["a", "list"]) is False
-    assert "not answered yet" in capsys.readouterr().out
+    unanswered_and_malformed(exercises.keys(7), ["a", "list"], capsys)
     assert len(exercises.keys(7)) == 3
 
 

@@ -8,9 +8,7 @@ from ckpt_lab import capacity, fallback, formulas
 from ckpt_lab.lessons import exercises
 from ckpt_lab.models import build_model
 
-
-def _judge(key, answer):
-    return exercises.EXERCISES[key].judge(answer)[0]
+from exercise_checks import judge, unanswered_and_malformed
 
 
 def test_only_the_7b_fits_one_141gb_gpu_by_its_state():
@@ -18,11 +16,11 @@ def test_only_the_7b_fits_one_141gb_gpu_by_its_state():
     released = {"7B": 6_738_415_616, "13B": 13_015_864_320, "70B": 68_976_648_192}
     by_hand = {m for m, n in released.items() if 16 * n < budget}      # state alone must fit
     assert by_hand == {"7B"} == exercises.lesson08.models_that_fit()
-    assert _judge("08.fits_141gb", {"7B"}) and _judge("08.fits_141gb", "7B")
+    assert judge("08.fits_141gb", {"7B"}) and judge("08.fits_141gb", "7B")
     for wrong in ({"7B", "13B"}, set(), {"70B"}, {"7B", "13B", "70B"}):
         ok, hint = exercises.EXERCISES["08.fits_141gb"].judge(wrong)
         assert not ok and "GiB" in hint
-    assert not _judge("08.fits_141gb", {"8B"})                          # unknown size
+    assert not judge("08.fits_141gb", {"8B"})                          # unknown size
 
 
 def test_planner_reads_low_most_at_the_densest_by_the_op_by_op_formula():
@@ -43,10 +41,10 @@ def test_planner_reads_low_most_at_the_densest_by_the_op_by_op_formula():
     assert min(by_formula.values()) > 1 and max(by_formula, key=by_formula.get) == "segments of 1 block"
     measured = exercises.lesson08.planner_ratios()
     assert min(measured.values()) > 1 and exercises.lesson08.planner_error() == ("low", "segments of 1")
-    assert _judge("08.planner_error", ("low", "segments of 1"))
-    assert _judge("08.planner_error", ["low", "densest"])
+    assert judge("08.planner_error", ("low", "segments of 1"))
+    assert judge("08.planner_error", ["low", "densest"])
     for wrong in (("high", "segments of 1"), ("low", "none"), ("high", "none")):
-        assert not _judge("08.planner_error", wrong)
+        assert not judge("08.planner_error", wrong)
     for malformed in ("low", ("low",), ("sideways", "none"), ("low", "everywhere"), None):
         ok, hint = exercises.EXERCISES["08.planner_error"].judge(malformed)
         assert not ok and hint
@@ -61,14 +59,12 @@ def test_accumulation_is_free_in_flops_and_slower_on_a_cpu(one_thread):
     assert ops[1] > 3 * ops[0]                            # every micro-batch runs every operation
     # CPU time on one thread, median of 9 interleaved repeats: x1.5-1.6 usually, never near 1
     assert exercises.lesson08.accumulation_time() == "slower"
-    assert _judge("08.accumulation_time", "slower") and _judge("08.accumulation_time", "Slower")
-    assert not _judge("08.accumulation_time", "same") and not _judge("08.accumulation_time", "faster")
-    assert not _judge("08.accumulation_time", 1.5)
+    assert judge("08.accumulation_time", "slower") and judge("08.accumulation_time", "Slower")
+    assert not judge("08.accumulation_time", "same") and not judge("08.accumulation_time", "faster")
+    assert not judge("08.accumulation_time", 1.5)
 
 
 @pytest.mark.parametrize("key", exercises.keys(8))
 def test_unanswered_and_malformed(key, capsys):
-    assert exercises.check(key, None) is False
-    assert exercises.check(key, 3.5) is False
-    assert "not answered yet" in capsys.readouterr().out
+    unanswered_and_malformed([key], 3.5, capsys)
     assert exercises.EXERCISES[key].expected is not None

@@ -9,11 +9,9 @@ import torch
 
 from ckpt_lab.lessons import audit, exercises
 
+from exercise_checks import judge, unanswered_and_malformed
+
 LESSON = os.path.join(os.path.dirname(__file__), "..", "notebooks", "09_checking_the_claims.ipynb")
-
-
-def _judge(key, answer):
-    return exercises.EXERCISES[key].judge(answer)[0]
 
 
 def test_true_saving_is_what_torchs_checkpoint_sequential_measures():
@@ -24,35 +22,34 @@ def test_true_saving_is_what_torchs_checkpoint_sequential_measures():
     measured = 1 - ckpt / plain
     assert abs(measured - exercises.lesson09.true_saving_100_10()) < 0.005
     for right in (measured, round(measured, 2), 0.81):         # as printed; the kept-units view
-        assert _judge("09.true_saving_100_10", right)
+        assert judge("09.true_saving_100_10", right)
     for wrong in (0.9, 0.5, 0.1):                               # the article's 90%; guesses
-        assert not _judge("09.true_saving_100_10", wrong)
+        assert not judge("09.true_saving_100_10", wrong)
 
 
 def test_best_segments_by_brute_force():
     peak = {s: (s - 1) + 18 * (48 - (s - 1) * (48 // s)) for s in range(1, 49)}
     best = min(peak, key=lambda s: (peak[s], s))
     assert best == exercises.lesson09.best_segments_transformer() == 24
-    assert _judge("09.best_segments_transformer", 24)
+    assert judge("09.best_segments_transformer", 24)
     for wrong, hint in ((7, "sqrt(L)"), (29, "continuous"), (8, "every S"), (48, "every S")):
         ok, message = exercises.EXERCISES["09.best_segments_transformer"].judge(wrong)
         assert not ok and hint in message
-    assert not _judge("09.best_segments_transformer", 0)
+    assert not judge("09.best_segments_transformer", 0)
 
 
 def test_accumulation_bound_by_hand():
     state = 7e9 * 16
     right = (state + 60 * 2 ** 30) / state
     assert abs(exercises.lesson09.accumulation_bound() / right - 1) < 1e-12
-    assert _judge("09.accumulation_bound", right) and _judge("09.accumulation_bound", round(right, 2))
+    assert judge("09.accumulation_bound", right) and judge("09.accumulation_bound", round(right, 2))
     for wrong in (2.0, 4.0, 60 * 2 ** 30 / state):              # the article's range; act / state
-        assert not _judge("09.accumulation_bound", wrong)
+        assert not judge("09.accumulation_bound", wrong)
 
 
 @pytest.mark.parametrize("key", exercises.keys(9))
 def test_unanswered_and_malformed(key, capsys):
-    assert exercises.check(key, None) is False and exercises.check(key, "many") is False
-    assert "not answered yet" in capsys.readouterr().out
+    unanswered_and_malformed([key], "many", capsys)
     assert exercises.EXERCISES[key].expected is not None
 
 
