@@ -26,10 +26,9 @@ from ckpt_lab import formulas
 from ckpt_lab.checkpoint import checkpoint_sequential
 from ckpt_lab.lessons.course import dropout_mask_bytes, fmt_bytes, pick_device
 from ckpt_lab.lessons.plots import PHASE_COLORS
+from ckpt_lab.lessons.units import MIB
 from ckpt_lab.memory import MemoryLog, kept_after_forward, track_memory
 from ckpt_lab.models import Block, GPTConfig, MLPBlock
-
-MIB = 2 ** 20
 
 
 def _slider(name: str, value: int, lo: int, hi: int, step: int = 1) -> W.IntSlider:
@@ -38,6 +37,13 @@ def _slider(name: str, value: int, lo: int, hi: int, step: int = 1) -> W.IntSlid
     return W.IntSlider(value=value, min=lo, max=hi, step=step, description=name,
                        continuous_update=False, readout=True,
                        style={"description_width": "initial"})
+
+
+def _label(ax, **text):
+    """Title and axis labels (``text``), the y axis from 0, and the legend."""
+    ax.set(**text)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
 
 
 class Explorer(W.VBox):
@@ -175,20 +181,16 @@ class SegmentsExplorer(Explorer):
         ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="tab:gray", label="predicted")
         ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="black", ms=4, label="measured")
         ax.axvline(r.segments, color="gray", ls=":", label=f"chosen: {r.segments}")
-        ax.set(title=f"Peak memory vs segments ({r.layers} layers)", xlabel="segments",
+        _label(ax, title=f"Peak memory vs segments ({r.layers} layers)", xlabel="segments",
                ylabel="peak memory (MiB)")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
         ax = self.ax_time
         ax.clear()
         for phase, color in PHASE_COLORS.items():                 # recompute orange, as everywhere
             pts = [(p.step, p.live_bytes / MIB) for p in r.log.timeline if p.phase == phase]
             if pts:
                 ax.plot(*zip(*pts), ".", ms=3, color=color, label=phase)
-        ax.set(title=f"Timeline at {r.segments} segments (measured)", xlabel="operation",
+        _label(ax, title=f"Timeline at {r.segments} segments (measured)", xlabel="operation",
                ylabel="live memory (MiB)")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
         self.figure.tight_layout()
 
 
@@ -281,10 +283,8 @@ class SeqExplorer(Explorer):
         ax.plot([s for s, _ in pts], [b / MIB for _, b in pts], "o", color="k",
                 label="measured (one block)")
         ax.axvline(r.seq, color="gray", ls=":")
-        ax.set(title="Activation memory of one GPT block vs sequence length",
+        _label(ax, title="Activation memory of one GPT block vs sequence length",
                xlabel="sequence length s (tokens)", ylabel="MiB")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
         self.figure.tight_layout()
 
 
@@ -393,10 +393,8 @@ class PlanExplorer(Explorer):
         pts = [(self.measured[k] / MIB, 100 * self.plan_cost(k) / total) for k in self.measured]
         ax.plot(*zip(*pts), "o", color="C0", label="plans applied (measured step peak)")
         ax.axvline(r.budget_bytes / MIB, color="gray", ls=":", label="budget")
-        ax.set(title="Step peak against recomputation", xlabel="step peak (MiB)",
+        _label(ax, title="Step peak against recomputation", xlabel="step peak (MiB)",
                ylabel="forward recomputed (%)")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
         self.figure.tight_layout()
 
     def plan_cost(self, boundaries) -> float:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-MIB = 2 ** 20
-GIB = 2 ** 30
+from ckpt_lab.lessons.units import GIB, MIB  # noqa: F401  (plots.MIB, plots.GIB)
+
 PHASE_COLORS = {"forward": "tab:blue", "recompute": "tab:orange", "backward": "tab:green",
                 "optimizer": "tab:purple"}
 RUN_COLORS = ("black", "tab:gray", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")  # not phases
