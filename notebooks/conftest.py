@@ -7,8 +7,9 @@ notebook went over `BUDGET_SECONDS` or `BUDGET_BYTES` (1 GiB: Binder's 2 GB hold
 and every open kernel). The numbers go to artifacts/notebook_budgets.json (git-ignored) for
 the README's course map.
 
-A lesson in the lesson form (`tools/lesson_shape.SHAPED`) is also held to it there: a figure,
-short prose cells, little text output, the closing sections, no answer shown above its question.
+Every lesson of the course (`ckpt_lab.lessons.course.LESSONS`; solutions are exempt) is also
+held to the lesson form there (`tools/lesson_shape`): a figure, short prose cells, little text
+output, the closing sections, no answer shown above its question.
 
 The same run is saved: each notebook with the outputs nbval's kernel produced and, after its
 last cell, the kernel's widget state (what JupyterLab's "Save widget state" stores) goes to
@@ -36,8 +37,8 @@ OUT = Path(os.environ.get("CKPT_LAB_NB_BUDGET_JSON", Path(__file__).resolve().pa
 EXECUTED_DIR = Path(os.environ.get("CKPT_LAB_EXECUTED_DIR", Path(__file__).resolve().parent.parent
                                    / "artifacts" / "executed"))
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
-# Lessons in tools/lesson_shape.SHAPED keep the lesson form; CKPT_LAB_LESSON_FORM=all holds every
-# notebook run to it (the test of this hook uses that).
+# Every lesson keeps the lesson form (lesson_shape.held_to_form); CKPT_LAB_LESSON_FORM=all holds
+# every notebook run to it (the test of this hook uses that on a probe that is no lesson).
 FORM_ALL = os.environ.get("CKPT_LAB_LESSON_FORM") == "all"
 _runs: dict[str, dict] = {}
 _executed: dict[str, nbformat.NotebookNode] = {}
@@ -105,8 +106,7 @@ def pytest_runtest_call(item):
             if over:
                 failures.append(f"{name} is over its budget: {'; '.join(over)}. Choose smaller "
                                 "CPU sizes with ckpt_lab.lessons.course.sizes.")
-            lesson = name.removesuffix(".ipynb")
-            if executed is not None and (lesson in lesson_shape.SHAPED or FORM_ALL):
+            if executed is not None and (lesson_shape.held_to_form(name) or FORM_ALL):
                 broken = lesson_shape.problems(executed, _expected_answer)
                 if broken:
                     failures.append(f"{name} is out of the lesson form: {'; '.join(broken)}")

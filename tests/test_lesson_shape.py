@@ -1,4 +1,4 @@
-"""tools/lesson_shape: the rules a reshaped lesson keeps, on small synthetic executed notebooks."""
+"""tools/lesson_shape: the rules every lesson keeps, on small synthetic executed notebooks."""
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
@@ -43,9 +43,12 @@ def test_short_answers_are_not_searched_for():
     assert lesson_shape.renderings(4) == [] and "65,536" in lesson_shape.renderings(65536)
 
 
-def test_shaped_lessons_exist():
+def test_every_lesson_and_only_a_lesson_is_held_to_the_form():
     from ckpt_lab.lessons import course
-    assert lesson_shape.SHAPED <= set(course.LESSONS)
+    assert course.LESSONS and all(lesson_shape.held_to_form(f"{name}.ipynb")
+                                  for name in course.LESSONS)
+    assert not lesson_shape.held_to_form("solutions/03_segments_and_sqrt_l_solutions.ipynb")
+    assert not lesson_shape.held_to_form("zz_budget_probe.ipynb")
 
 
 def test_the_command_line_reports_each_lesson(tmp_path, capsys):

@@ -188,10 +188,8 @@ def test_budget_hook_fails_a_notebook_over_budget_and_saves_the_run(tmp_path):
     assert not list(NB_DIR.glob("zz_budget_probe*")) and not (NB_DIR / "executed").exists()
 
 
-# ------------------------------------------------------------------ lessons in the lesson form
+# ---------------------------------------------------- every lesson keeps the lesson form
 from tools import lesson_shape  # noqa: E402
-
-SHAPED = [p for p in LESSONS if p.stem in lesson_shape.SHAPED]
 
 
 def _closing(nb, heading: str) -> str:
@@ -201,15 +199,15 @@ def _closing(nb, heading: str) -> str:
     return found[-1]
 
 
-@pytest.mark.parametrize("path", SHAPED, ids=_name)
-def test_shaped_lesson_prose_cells_are_short(path):
+@pytest.mark.parametrize("path", COURSE, ids=_name)
+def test_lesson_prose_cells_are_short(path):
     long = [len(c.source.split()) for c in _read(path).cells
             if c.cell_type == "markdown" and len(c.source.split()) > lesson_shape.MAX_PROSE_WORDS]
     assert not long, f"prose cells over {lesson_shape.MAX_PROSE_WORDS} words: {long}"
 
 
-@pytest.mark.parametrize("path", SHAPED, ids=_name)
-def test_shaped_lesson_closes_with_takeaways_and_plain_code(path):
+@pytest.mark.parametrize("path", COURSE, ids=_name)
+def test_lesson_closes_with_takeaways_and_plain_code(path):
     nb = _read(path)
     know = _closing(nb, "what you now know")
     bullets = [l for l in know.splitlines() if l.lstrip().startswith(("- ", "* "))]
@@ -221,8 +219,8 @@ def test_shaped_lesson_closes_with_takeaways_and_plain_code(path):
         "'In your code' is at most 12 lines of plain PyTorch / Hugging Face, no ckpt_lab"
 
 
-@pytest.mark.parametrize("path", SHAPED, ids=_name)
-def test_shaped_lesson_exercises_are_committed_predictions(path):
+@pytest.mark.parametrize("path", COURSE, ids=_name)
+def test_lesson_exercises_are_committed_predictions(path):
     """Two or three predictions, each revealed later; every one a registered exercise."""
     source = "\n".join(_code(_read(path)))
     keys = re.findall(r"(\w+)\s*=\s*exercises\.predict\(\s*[\"'](\d\d\.\w+)[\"']", source)

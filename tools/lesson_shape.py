@@ -1,9 +1,10 @@
-"""The shape a learner meets in an executed lesson, and the rules a reshaped lesson keeps.
+"""The shape a learner meets in an executed lesson, and the rules every lesson keeps.
 
 ``python tools/lesson_shape.py artifacts/executed/[0-9]*.ipynb`` prints one line per lesson.
-notebooks/conftest.py applies `problems` to every lesson in `SHAPED` after nbval ran it, so the
-test run fails when a lesson grows a wall of output, loses its figure or its closing sections,
-or shows an exercise's answer above the question.
+notebooks/conftest.py applies `problems` to every lesson of the course (`held_to_form`: each one
+in `ckpt_lab.lessons.course.LESSONS`; solutions are exempt) after nbval ran it, so the test run
+fails when a lesson grows a wall of output, loses its figure or its closing sections, or shows
+an exercise's answer above the question.
 
 The rules (the lesson-form issue): at least one figure; no prose cell over 180 words; at most
 45 lines of text output; the lesson closes with "What you now know" and "In your code"; no
@@ -14,15 +15,9 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import nbformat
-
-# Lessons already in the lesson form; the conftest holds each of them to every rule.
-SHAPED: set[str] = {"00_tour", "01_where_memory_goes", "02_checkpointing_from_scratch",
-                     "03_segments_and_sqrt_l", "04_the_price", "05_transformers_selective",
-                     "06_optimal_schedules", "07_combining_techniques", "08_capacity_and_oom",
-                     "09_checking_the_claims", "10_your_own_model", "11_checkpointing_in_your_stack",
-                     "12_scale_out"}
 
 MAX_PROSE_WORDS = 180
 MAX_TEXT_LINES = 45
@@ -40,6 +35,13 @@ class Shape:
     text_lines: int
     what_you_know: bool
     in_your_code: bool
+
+
+def held_to_form(name: str) -> bool:
+    """Whether a notebook (its path under notebooks/, e.g. "03_segments_and_sqrt_l.ipynb")
+    keeps the lesson form: every lesson of the course does; solutions and others do not."""
+    from ckpt_lab.lessons.course import LESSONS
+    return Path(name).with_suffix("").as_posix() in LESSONS
 
 
 def _text(output) -> str:
