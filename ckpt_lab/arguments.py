@@ -5,7 +5,8 @@ dicts, and may return tensors so nested. `named_leaves` names each one found in 
 (for the version checks' messages and the module search of `reach`); `flatten` and `unflatten`
 turn arguments and outputs into flat lists and back, so each tensor in them is connected to the
 graph; `fresh_input` gives the recompute its own leaf of an input. Both designs
-(`checkpoint_hooks`, `checkpoint_reentrant`) use them.
+(`checkpoint_hooks`, `checkpoint_reentrant`) use them; `tensors_in`, the tensors of a nested
+argument list in order, serves `modules` and `module_step`, which watch blocks' arguments.
 """
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ def _walk(obj, path: str, out: list):
     elif isinstance(obj, dict):
         for k, v in obj.items():
             _walk(v, f"{path}[{k!r}]", out)
+
+
+def tensors_in(tree) -> list:
+    """The tensors in nested lists, tuples and dicts, in order (``checkpoint_modules``' blocks)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (list, tuple)):
+        return [t for item in tree for t in tensors_in(item)]
+    if isinstance(tree, dict):
+        return [t for item in tree.values() for t in tensors_in(item)]
+    return []
 
 
 def named_leaves(args, kwargs) -> list[tuple[str, object]]:
