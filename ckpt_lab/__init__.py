@@ -5,10 +5,18 @@ Two rooms, one direction (docs/architecture.md draws them):
 * ``ckpt_lab`` (this package) is the library an engineer imports into their own training code.
   Foundations: `memory` and `allocator` measure (tensor bytes; what the allocator saw),
   `checkpoint` (with `selective`, `recursive`, `offload`) changes what autograd keeps.
+  `checkpoint` holds the two designs at their smallest and the API; the machinery under it is
+  one module per job: `checkpoint_hooks` and `checkpoint_reentrant` (each design in full),
+  `guards` (metadata and version checks), `fingerprint` (the bitwise check), `replay`
+  (generators and autocast), `module_state` (the modules' parameters and buffers), `reach`
+  (the modules and parameters a function reaches), `arguments` (nested arguments and
+  outputs), `holders` (what autograd keeps in place of a saved tensor), `early_stop` (ending a
+  recompute early) and `errors` (`CheckpointError`).
   Predictions and something to train: `formulas`, `parallel_formulas`, `profile`, `models`,
   `data`, `timing`; `losses` (cross-entropy in checkpointed chunks). Decide and apply:
   `planner`, `modules` (with `module_step`), `capacity`, `fallback`, `train`, `throughput`,
-  `distributed`, `snapshot`.
+  `distributed`, `snapshot`. Plumbing: `__main__` (the ``ckpt-lab`` command) and
+  `_requirements` (the torch version check at import).
 * ``ckpt_lab.lessons`` is the course's scaffolding: what the notebooks lay out (course links and
   sizes, widgets, plots, exercises, lesson demos). It imports the library; the library never
   imports it. Import it only to follow the course.

@@ -42,21 +42,12 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .arguments import tensors_in
 from .memory import new_storages, track_memory
-from .planner import BudgetTooSmallError, _budget
+from .planner import BudgetTooSmallError, _budget, least_budget_where
 
 
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
-
-
-def _tensors(tree) -> list:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, (list, tuple)):
-        return [t for item in tree for t in _tensors(item)]
-    if isinstance(tree, dict):
-        return [t for item in tree.values() for t in _tensors(item)]
-    return []
 
 
 class _Events(TorchDispatchMode):
@@ -81,7 +72,7 @@ class _Events(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         here = self.mark()
-        made = _tensors(out) if func is _LIFT_FRESH else None   # torch.tensor(data), as
+        made = tensors_in(out) if func is _LIFT_FRESH else None   # torch.tensor(data), as
         made = [t.untyped_storage() for t in made] if made is not None \
             else new_storages(func, args, kwargs, out)          # track_memory counts it
         for st in made:
@@ -167,7 +158,7 @@ def record_step(found, step, weights) -> StepRecord:
                 raise ValueError(f"block {found[k][0]} ran twice in one step; checkpoint_modules "
                                  "plans blocks that run once per step")
             start[k] = events.mark()
-            tensors = [t for t in _tensors((args, kwargs))
+            tensors = [t for t in tensors_in((args, kwargs))
                        if id(t.untyped_storage()) not in weights]
             shapes[k] = tuple((tuple(t.shape), t.dtype) for t in tensors)
             for p, t in enumerate(tensors):
@@ -183,7 +174,7 @@ def record_step(found, step, weights) -> StepRecord:
             seconds[k] = time.perf_counter() - state["t"]
             end[k] = events.mark()
             state["block"] = None
-            tensors = _tensors(out)
+            tensors = tensors_in(out)
             if tensors:
                 name(events.of(tensors[0]), ("out", k))
                 if tensors[0].requires_grad:
@@ -571,14 +562,8 @@ class ModuleStep:
 
     def minimum_bytes(self) -> int:
         """The least step peak any set of checkpointed blocks reaches (by bisection)."""
-        lo, hi = -1, min(self.plain_peak_bytes, self.peak_bytes(self.names))
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self._cheapest(mid) is None:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        return least_budget_where(-1, min(self.plain_peak_bytes, self.peak_bytes(self.names)),
+                                  lambda budget: self._cheapest(budget) is not None)
 
     def plan(self, budget_bytes) -> ModulePlan:
         """The set of least recompute whose predicted step peak fits `budget_bytes` (of those,
@@ -589,15 +574,16 @@ class ModuleStep:
         if found is None:
             raise BudgetTooSmallError(budget, self.minimum_bytes())
         cost, chosen = found
-        # the least peak at that cost: the least budget where a set that cheap still fits
-        lo, hi = 0, self.peak_bytes([self.names[j] for j in chosen])
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            f = self._cheapest(mid)
+        # the least peak at that cost: the least budget where a set that cheap still fits,
+        # and the set found there (the last one that held)
+        def holds(budget):
+            nonlocal chosen
+            f = self._cheapest(budget)
             if f is None or f[0] > cost:
-                lo = mid
-            else:
-                hi, chosen = mid, f[1]
+                return False
+            chosen = f[1]
+            return True
+        least_budget_where(0, self.peak_bytes([self.names[j] for j in chosen]), holds)
         names = [self.names[j] for j in sorted(chosen)]
         return ModulePlan(names, self.peak_bytes(names), sum(self.seconds[j] for j in chosen),
                           budget_bytes, self)

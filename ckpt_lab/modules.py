@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .arguments import tensors_in
 from .checkpoint import IMPLS, checkpoint
 from .memory import StorageBirths
 from .module_step import ModulePlan, ModuleStep, SameStart, record_step
@@ -194,29 +195,6 @@ class BlockProfile:
     forward_seconds: float
 
 
-def _first_tensor(tree):
-    if isinstance(tree, torch.Tensor):
-        return tree
-    if isinstance(tree, (list, tuple)):
-        for item in tree:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    if isinstance(tree, dict):
-        return _first_tensor(list(tree.values()))
-    return None
-
-
-def _all_tensors(tree) -> list:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, (list, tuple)):
-        return [t for item in tree for t in _all_tensors(item)]
-    if isinstance(tree, dict):
-        return _all_tensors(list(tree.values()))
-    return []
-
-
 @dataclass
 class ModuleProfile:
     """The matched blocks of one step, in call order, and what sits outside them.
@@ -291,7 +269,7 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
             # tensors besides the first (masks, position embeddings) are shared by every
             # block and kept whether or not the block is checkpointed: not the block's own
             # (a parameter or buffer passed along is no activation at all)
-            tensors = _all_tensors((args, kwargs))
+            tensors = tensors_in((args, kwargs))
             for i, t in enumerate(tensors):
                 st = t.untyped_storage()
                 if id(st) in weights:
@@ -302,7 +280,7 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
                     owner.setdefault(id(st), (None, st.nbytes(), st))
                     shared.setdefault(id(st), st)
             if name not in stats:
-                first = _first_tensor((args, kwargs))
+                first = tensors[0] if tensors else None
                 stats[name] = {"in": first.untyped_storage().nbytes() if first is not None
                                else 0, "out": 0, "seconds": 0.0}
                 order.append(name)
@@ -312,8 +290,8 @@ def profile_modules(model: nn.Module, select, step) -> ModuleProfile:
     def post(name):
         def hook(module, args, kwargs, out):
             stats[name]["seconds"] += time.perf_counter() - state["start"]
-            t = _first_tensor(out)
-            stats[name]["out"] = t.untyped_storage().nbytes() if t is not None else 0
+            outs = tensors_in(out)
+            stats[name]["out"] = outs[0].untyped_storage().nbytes() if outs else 0
             state["block"] = None
         return hook
 

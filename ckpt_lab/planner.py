@@ -73,30 +73,32 @@ class Plan:
         return len(self.boundaries)
 
 
+def least_budget_where(lo: int, hi: int, holds) -> int:
+    """The least integer budget in (lo, hi] where ``holds(budget)`` is true, by bisection; it
+    must hold at ``hi`` and keep holding as the budget grows (what fits a budget fits more)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 class _Searches:
     """Bisections on the budget, shared by both models (feasibility only grows with budget)."""
 
     def minimum(self) -> int:
         """The least budget any plan fits, by bisection on integer bytes."""
-        lo, hi = self.lower_bound(), self.no_checkpoint_peak()
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.plan_at(mid) is None:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        return least_budget_where(self.lower_bound(), self.no_checkpoint_peak(),
+                                  lambda budget: self.plan_at(budget) is not None)
 
     def least_budget_for(self, cost, lo: int, hi: int) -> int:
         """Least budget in (lo, hi] whose best plan costs <= cost (hi must qualify)."""
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            plan = self.plan_at(mid)
-            if plan is None or self.cost_prefix[plan[-1]] > cost:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        def holds(budget):
+            plan = self.plan_at(budget)
+            return plan is not None and self.cost_prefix[plan[-1]] <= cost
+        return least_budget_where(lo, hi, holds)
 
 
 class _Chain(_Searches):
@@ -289,15 +291,8 @@ def pareto_front(act_bytes, out_bytes=None, fwd_cost=None, input_bytes=0) -> lis
         if plan.recompute_cost == 0 or budget >= top:
             return front
         # least budget whose best plan is strictly cheaper than this one
-        lo, hi = budget, top
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            starts = chain.plan_at(mid)
-            if chain.cost_prefix[starts[-1]] < plan.recompute_cost:
-                hi = mid
-            else:
-                lo = mid
-        budget = hi
+        budget = least_budget_where(
+            budget, top, lambda b: chain.cost_prefix[chain.plan_at(b)[-1]] < plan.recompute_cost)
 
 
 def plan_chain(layers, x, budget_bytes, repeats: int = 3, allocator: bool = False) -> Plan:

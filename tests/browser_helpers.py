@@ -260,6 +260,20 @@ def kernel_idle(page) -> bool:
     return page.evaluate(JS_KERNEL_STATUS) == "idle"
 
 
+def accept_kernel_choice(page) -> bool:
+    """Accept JupyterLab's "Select Kernel" dialog with its preselected Python 3 kernel, as a
+    learner would; True if there was one. Lab asks when a notebook opens before the server's
+    kernelspecs have loaded (seen on a freshly started, busy server); any other dialog stays an
+    error for the caller."""
+    dialogs = page.evaluate(JS_DIALOGS)
+    if len(dialogs) != 1 or not dialogs[0].startswith("Select Kernel") \
+            or "Python 3 (ipykernel)" not in dialogs[0]:
+        return False
+    page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").first.click()
+    wait_until(lambda: not page.evaluate(JS_DIALOGS), 30, "the kernel dialog to close")
+    return True
+
+
 def run_probe_until_counted(page, timeout_s: float = 120) -> None:
     """Run the probe cell until it gets an execution count: only then is the websocket live.
 
@@ -270,7 +284,11 @@ def run_probe_until_counted(page, timeout_s: float = 120) -> None:
     prompt = lambda: page.evaluate(JS_PROMPTS)[0]  # noqa: E731
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if accept_kernel_choice(page):
+            continue
         wait_until(lambda: kernel_idle(page), max(1, deadline - time.monotonic()), "an idle kernel")
+        if accept_kernel_choice(page):
+            continue
         if dialogs := page.evaluate(JS_DIALOGS):
             raise RuntimeError(f"a dialog covers the notebook: {dialogs}")
         probe.locator(".jp-InputPrompt").click()

@@ -90,3 +90,17 @@ def test_the_wheel_carries_every_package():
     listed = set(config["packages"])
     folders = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
     assert folders <= listed, f"missing from pyproject's packages: {sorted(folders - listed)}"
+
+
+def test_every_library_module_is_named_where_the_library_is_described():
+    """The package docstring, docs/architecture.md and the README's table name every library
+    module (`name` in backticks), so a split or a new file cannot leave them behind."""
+    import ckpt_lab
+    places = {"ckpt_lab/__init__.py": ckpt_lab.__doc__,
+              "docs/architecture.md": (ROOT / "docs" / "architecture.md").read_text(),
+              "README.md": (ROOT / "README.md").read_text()}
+    names = sorted(m.rpartition(".")[2] for m in LIBRARY if m != "ckpt_lab")
+    assert {"checkpoint", "guards", "module_state"} <= set(names)
+    for place, text in places.items():
+        missing = [n for n in names if f"`{n}`" not in text]
+        assert not missing, f"{place} does not name {missing}"

@@ -195,3 +195,4 @@ def test_tour_works_in_notebook7(browser, notebook7, workdir):
         assert_learner_sees_working_widgets(report)
     else:
         assert report.problems == [], "\n".join(report.problems)
+

@@ -125,8 +125,8 @@ def test_parameters_are_found_through_the_graph_however_the_function_holds_them(
     lin = deep.inner.lin
     x = torch.randn(3, 6, requires_grad=True)
     f = lambda t: torch.tanh(deep.inner.lin(t)) + deep.inner.lin.bias  # noqa: E731
-    import ckpt_lab.checkpoint as ck
-    assert ck._modules_of(f, []) == []                 # the module search does not see it
+    from ckpt_lab.reach import modules_of
+    assert modules_of(f, []) == []                 # the module search does not see it
     ref = torch.autograd.grad(f(x).sum(), [lin.bias])
     loss = checkpoint(f, x, impl=impl).sum()
     loss.backward(inputs=[lin.bias])

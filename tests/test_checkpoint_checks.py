@@ -12,8 +12,8 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import ckpt_lab.checkpoint as ck
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
+from ckpt_lab.guards import probe
 
 from custom_functions import ReadsTwice
 
@@ -168,11 +168,11 @@ def test_batch_norm_update_in_the_recompute_is_not_an_edit(impl):
 
 def test_probe_shares_the_version_counter_without_the_memory():
     t = torch.randn(256, 256) * 1.0
-    probe = ck._probe(t)
-    assert probe.untyped_storage().nbytes() == 0
+    alias = probe(t)
+    assert alias.untyped_storage().nbytes() == 0
     v = t._version
     t[0].add_(1)                                       # through a view
-    assert probe._version == t._version == v + 1
+    assert alias._version == t._version == v + 1
 
 
 # ------------------------------------------------------------------------------------ RNG
