@@ -42,3 +42,8 @@ def test_the_tour_measures_the_segments_its_question_names():
     code = "\n".join(c.source for c in tour.cells if c.cell_type == "code")
     assert re.search(rf"^segments = {lesson00.SEGMENTS}\b", code, re.M)
     assert f"in {lesson00.SEGMENTS} segments" in exercises.question("00.peak_ratio")
+
+
+def test_each_prediction_sits_under_a_question():
+    from exercise_checks import headings_ask
+    headings_ask("00_tour")
