@@ -211,8 +211,8 @@ OUTCOMES = {
                               "best count from what a block keeps and passes on, and when more "
                               "segments save nothing",
     "04_the_price": f"predict and count a step's {_g('FLOPs', 'flops')} under any checkpoint "
-                    f"plan, say what {_g('early stop', 'early-stop')} skips, and explain why a "
-                    "step's time ratio is not its FLOP ratio",
+                    f"plan, say what {_g('early stop', 'early-stop')} skips, and compare a step's "
+                    "time ratio with its FLOP ratio, testing one reason they differ",
     "05_transformers_selective": "list what a transformer block keeps, tensor by tensor, "
                                  "against Megatron's sbh(34 + 5as/h), checkpoint the "
                                  f"{_g('attention core', 'attention-core')} alone "
