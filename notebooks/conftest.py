@@ -9,7 +9,8 @@ the README's course map.
 
 Every lesson of the course (`ckpt_lab.lessons.course.LESSONS`; solutions are exempt) is also
 held to the lesson form there (`tools/lesson_shape`): a figure, short prose cells, little text
-output, the closing sections, no answer shown above its question.
+output, the closing sections, no answer shown above its question (printed, or stated in a
+heading or prose).
 
 The same run is saved: each notebook with the outputs nbval's kernel produced and, after its
 last cell, the kernel's widget state (what JupyterLab's "Save widget state" stores) goes to
@@ -107,18 +108,11 @@ def pytest_runtest_call(item):
                 failures.append(f"{name} is over its budget: {'; '.join(over)}. Choose smaller "
                                 "CPU sizes with ckpt_lab.lessons.course.sizes.")
             if executed is not None and (lesson_shape.held_to_form(name) or FORM_ALL):
-                broken = lesson_shape.problems(executed, _expected_answer)
+                broken = lesson_shape.problems(executed, *lesson_shape.exercise_answers())
                 if broken:
                     failures.append(f"{name} is out of the lesson form: {'; '.join(broken)}")
             if failures:
                 raise AssertionError(" ".join(failures))
-
-
-def _expected_answer(key: str):
-    """The measured answer of an exercise that declares one (for the answer-on-screen rule)."""
-    from ckpt_lab.lessons import exercises
-    exercise = exercises.EXERCISES.get(key)
-    return exercise.expected() if exercise is not None and exercise.expected else None
 
 
 def _record_outputs(name: str, item):

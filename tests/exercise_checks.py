@@ -24,3 +24,29 @@ def unanswered_and_malformed(keys, malformed, capsys) -> None:
         assert exercises.check(key, None) is False
         assert exercises.check(key, malformed) is False
     assert "not answered yet" in capsys.readouterr().out
+
+
+def prediction_headings(name: str) -> dict[str, str]:
+    """{exercise key: the heading of the section that asks it} for a lesson (e.g. "00_tour");
+    a prediction asked before the first section heading belongs to the lesson's title."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{name}.ipynb",
+                       as_version=4)
+    found, heading = {}, None
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            lines = [l for l in cell.source.splitlines() if re.match(r"#{1,3} ", l)]
+            heading = lines[-1] if lines else heading
+        for key in re.findall(r"exercises\.predict\(\s*[\"'](\d\d\.\w+)[\"']", cell.source):
+            found[key] = heading
+    return found
+
+
+def headings_ask(name: str) -> None:
+    """Each section that holds a prediction is headed by a question, not by its answer: the
+    claim is stated after the reveal (the review of 2026-12-01, "answers on screen")."""
+    for key, heading in prediction_headings(name).items():
+        assert heading and heading.rstrip().endswith("?"), f"{key} sits under {heading!r}"

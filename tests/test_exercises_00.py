@@ -30,3 +30,20 @@ def test_malformed_answers_and_predictions_never_raise(capsys):
     guess = exercises.predict("00.same_losses", "identical")
     assert guess.reveal() is True
     assert exercises.keys(0) == ["00.peak_ratio", "00.same_losses"]
+
+
+def test_the_tour_measures_the_segments_its_question_names():
+    """The tour cuts its layers into lesson00.SEGMENTS segments, the count 00.peak_ratio asks
+    about, typed as a number (not as sqrt(L), which would give lesson 3's answer away)."""
+    import re
+    from pathlib import Path
+    import nbformat
+    tour = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "00_tour.ipynb", as_version=4)
+    code = "\n".join(c.source for c in tour.cells if c.cell_type == "code")
+    assert re.search(rf"^segments = {lesson00.SEGMENTS}\b", code, re.M)
+    assert f"in {lesson00.SEGMENTS} segments" in exercises.question("00.peak_ratio")
+
+
+def test_each_prediction_sits_under_a_question():
+    from exercise_checks import headings_ask
+    headings_ask("00_tour")

@@ -32,3 +32,8 @@ def test_malformed_answers_never_raise(capsys):
     assert exercises.check("01.mixed_adam_bytes", "sixteen") is False
     assert "Unknown names" in capsys.readouterr().out
     assert exercises.keys(1) == ["01.grows_with_batch", "01.mixed_adam_bytes"]
+
+
+def test_each_prediction_sits_under_a_question():
+    from exercise_checks import headings_ask
+    headings_ask("01_where_memory_goes")

@@ -79,3 +79,8 @@ def test_the_catalogue_grid_against_ckpt_lab_and_plain_autograd():
     assert table["optimizer step before backward"]["plain"] == "right"   # Linear saves no bias
     assert table["saved tensor edited inside"]["plain"] == "refuses (RuntimeError)"
     assert table["dropout (RNG)"]["plain"] == "right"
+
+
+def test_each_prediction_sits_under_a_question():
+    from exercise_checks import headings_ask
+    headings_ask("02_checkpointing_from_scratch")

@@ -40,3 +40,45 @@ def test_malformed_answers_never_raise(capsys):
     assert exercises.check("03.peak_moment", "backward") is False
     assert "one of" in capsys.readouterr().out
     assert exercises.keys(3) == ["03.best_segments", "03.peak_moment", "03.sqrt_growth"]
+
+
+def test_each_prediction_sits_under_a_question():
+    from exercise_checks import headings_ask
+    headings_ask("03_segments_and_sqrt_l")
+
+
+def _lesson(name):
+    import nbformat
+    from pathlib import Path
+    return nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{name}.ipynb",
+                         as_version=4)
+
+
+def test_in_your_code_searches_the_segments_for_any_a_and_b():
+    """The closing's rule is right beyond a = b (a transformer block keeps far more than it
+    passes on, lesson 9): its peak function, run for many chains, picks the segment count of
+    formulas.optimal_segment_count, which lesson 3 holds to measurement for a = b and a = 5 b."""
+    import re
+    from ckpt_lab import formulas
+    closing = next(c.source for c in _lesson("03_segments_and_sqrt_l").cells
+                   if c.source.startswith("## In your code"))
+    code = re.search(r"```python\n(.*?)```", closing, re.S).group(1)
+    assert "isqrt(len(blocks))" not in code.replace("isqrt(L) segments", "")
+    scope = {}
+    exec(re.search(r"^def peak.*?\n(?:    .*\n)+", code, re.M).group(0), scope)
+    for L in (4, 12, 16, 48, 64):
+        for a, b in ((1, 1), (5, 1), (18, 1)):
+            best = min(range(1, L + 1), key=lambda S: (scope["peak"](S, L, a, b), S))
+            assert best == formulas.optimal_segment_count(L, a, b), (L, a, b)
+
+
+def test_the_best_count_is_not_given_away_before_it_is_asked():
+    """03.best_segments: neither lesson 3's title and header nor the tour says sqrt(L)."""
+    import re
+    from ckpt_lab.lessons import course
+    assert "sqrt" not in course.LESSONS["03_segments_and_sqrt_l"].lower()
+    header = _lesson("03_segments_and_sqrt_l").cells[0].source
+    tour = "\n".join(c.source for c in _lesson("00_tour").cells if c.cell_type == "markdown")
+    for text in (header, tour):
+        words = re.sub(r"\([^()\s]*\)", "", text)             # link targets name the file
+        assert "√" not in words and "sqrt" not in words.lower()

@@ -23,13 +23,20 @@ GPU_FILE = ROOT / "benchmarks" / "results" / "gpu" / "gpu_check.json"
 LESSON = ROOT / "notebooks" / "04_the_price.ipynb"
 
 
-def test_full_flops_is_the_papers_ratio():
-    args = (lesson04.LAYERS, lesson04.HIDDEN, lesson04.SEQ, lesson04.BATCH, 256)
-    paper = formulas.transformer_flops(*args, recompute="full") / formulas.transformer_flops(*args)
-    assert exercises.EXERCISES["04.full_flops"].expected() == pytest.approx(paper, rel=1e-12)
-    assert judge("04.full_flops", paper) and judge("04.full_flops", 4 / 3)
-    for wrong in (2.0, 1.5, 1.0):
+def test_full_flops_without_dropout_skips_each_down_projection():
+    """Counted by hand: a plain step (the 72 form) plus one forward of every layer less its MLP
+    down projection (8 B s h^2), which early stop skips when no dropout follows it. The 4/3 of
+    lesson 0 and Narayanan et al.'s count (with dropout) are wrong answers here."""
+    B, s, l, h, V = lesson04.BATCH, lesson04.SEQ, lesson04.LAYERS, lesson04.HIDDEN, 256
+    plain = formulas.transformer_flops(l, h, s, B, V)
+    layer, down = 24 * B * s * h ** 2 + 4 * B * s ** 2 * h, 8 * B * s * h ** 2
+    by_hand = (plain + l * (layer - down)) / plain
+    assert exercises.EXERCISES["04.full_flops"].expected() == pytest.approx(by_hand, rel=1e-12)
+    assert judge("04.full_flops", by_hand) and judge("04.full_flops", round(by_hand, 2))
+    paper = formulas.transformer_flops(l, h, s, B, V, recompute="full") / plain
+    for wrong in (2.0, 1.5, 4 / 3, paper, 1.0):
         assert not judge("04.full_flops", wrong)
+    assert "early" in exercises.EXERCISES["04.full_flops"].judge(4 / 3)[1]     # the hint names why
 
 
 def test_selective_re_runs_one_matmul_counted_by_hand():
@@ -83,3 +90,8 @@ def test_every_recompute_share_states_its_basis():
         if "FLOP" in around or "recompute" in around:
             assert ("of a step" in around or "of one forward" in around
                     or "time" in around or "parameters" in around), around
+
+
+def test_each_prediction_sits_under_a_question():
+    from exercise_checks import headings_ask
+    headings_ask("04_the_price")

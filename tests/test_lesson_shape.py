@@ -56,3 +56,36 @@ def test_the_command_line_reports_each_lesson(tmp_path, capsys):
     nbformat.write(lesson(figure=False), path)
     assert lesson_shape.main([str(path)]) == 1
     assert "BAD 00_x.ipynb" in capsys.readouterr().out
+
+
+def _with_prose(markdown):
+    nb = lesson()
+    nb.cells.insert(1, new_markdown_cell(markdown))
+    return nb
+
+
+def test_an_answer_stated_in_a_heading_or_sentence_above_is_caught():
+    nb = _with_prose("## Why it keeps 65,536 bytes\nSome text.")
+    broken = lesson_shape.problems(nb, lambda key: 65536)
+    assert len(broken) == 1 and "stated above the question, in cell [1]" in broken[0]
+    nb = _with_prose("The block keeps 65536 bytes. Then more.")
+    assert lesson_shape.problems(nb, lambda key: 65536)
+    assert lesson_shape.problems(nb, lambda key: 12345) == []
+
+
+def test_a_choice_is_caught_when_named_alone_not_when_offered_beside_another():
+    choices = ("the first stage", "the last stage")
+    gives = _with_prose("### The first stage holds the most")
+    asks = _with_prose("Does the first stage or the last stage hold the most?")
+    answer = lambda key: "the first stage"
+    assert lesson_shape.problems(gives, answer, lambda key: choices)
+    assert lesson_shape.problems(asks, answer, lambda key: choices) == []
+    assert lesson_shape.problems(_with_prose("It is the same."), lambda key: "same",
+                                 lambda key: ("same", "other")) == []   # one short word: not searched
+
+
+def test_links_and_tags_are_not_prose():
+    units = lesson_shape.prose_units("See [the first stage](glossary.md#the-first-stage) <b>x</b>.\n"
+                                     "- a bullet\n| a | row |\nOne. Two?")
+    assert "glossary.md" not in units[0] and "<b>" not in units[0]
+    assert units[1:] == ["- a bullet", "| a | row |", "One.", "Two?"]

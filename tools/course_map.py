@@ -207,11 +207,12 @@ OUTCOMES = {
                                      "silent fault and where PyTorch's checkpoint lacks it, and "
                                      "predict what a checkpoint frees",
     "03_segments_and_sqrt_l": "predict `checkpoint_sequential`'s peak for any number of "
-                              f"{_g('segments', 'segment')} of a {_g('chain', 'chain')}, derive "
-                              "the optimum near sqrt(L) and when more segments save nothing",
+                              f"{_g('segments', 'segment')} of a {_g('chain', 'chain')}, find the "
+                              "best count from what a block keeps and passes on, and when more "
+                              "segments save nothing",
     "04_the_price": f"predict and count a step's {_g('FLOPs', 'flops')} under any checkpoint "
-                    f"plan, say what {_g('early stop', 'early-stop')} skips, and explain why a "
-                    "step's time ratio is not its FLOP ratio",
+                    f"plan, say what {_g('early stop', 'early-stop')} skips, and compare a step's "
+                    "time ratio with its FLOP ratio, testing one reason they differ",
     "05_transformers_selective": "list what a transformer block keeps, tensor by tensor, "
                                  "against Megatron's sbh(34 + 5as/h), checkpoint the "
                                  f"{_g('attention core', 'attention-core')} alone "

@@ -7,8 +7,12 @@ fails when a lesson grows a wall of output, loses its figure or its closing sect
 an exercise's answer above the question.
 
 The rules (the lesson-form issue): at least one figure; no prose cell over 180 words; at most
-45 lines of text output; the lesson closes with "What you now know" and "In your code"; no
-output above a prediction or check shows the answer it asks for.
+45 lines of text output; the lesson closes with "What you now know" and "In your code"; nothing
+above a prediction or check gives the answer it asks for: no output prints it, and no heading,
+header bullet or sentence of prose above it states it (`answers_on_screen`).
+
+``--answers`` also looks up each exercise's measured answer (slow: it measures) and applies the
+answer rule, as the test run does.
 """
 from __future__ import annotations
 
@@ -78,11 +82,68 @@ def renderings(value) -> list[str]:
     return sorted(f for f in forms if len(f.replace(",", "").replace(".", "").strip("0")) >= 3)
 
 
-def answers_on_screen(nb, expected_of) -> list[str]:
-    """Questions whose measured answer already shows in an output above them.
+# A one-word choice shorter than this is too common a word ("same", "above") to search prose for.
+MIN_CHOICE_LETTERS = 8
+
+
+def prose_units(markdown: str) -> list[str]:
+    """The statements of a markdown cell: each heading, bullet and table row, and each sentence
+    of its paragraphs, with link targets and HTML tags taken out (they name files, not answers)."""
+    text = re.sub(r"\]\([^)]*\)", "]", markdown)
+    text = re.sub(r"<[^>]+>", " ", text)
+    units, paragraph = [], []
+    for line in text.splitlines() + [""]:
+        stripped = line.strip()
+        if not stripped or re.match(r"(#{1,6} |[-*] |\d+\. |\|)", stripped):
+            units += re.split(r"(?<=[.?!])\s+", " ".join(paragraph))
+            paragraph = []
+            if stripped:
+                units.append(stripped)
+        else:
+            paragraph.append(stripped)
+    return [u for u in units if u.strip()]
+
+
+def _words(text: str) -> re.Pattern:
+    """Text's words in prose, in any case, apart by spaces or hyphens ("bit-identical")."""
+    words = re.findall(r"[^\W_]+", text.lower())
+    return re.compile(r"\b" + r"[\s-]+".join(map(re.escape, words)) + r"\b", re.I)
+
+
+def _choice_pattern(choice) -> re.Pattern | None:
+    """A pattern for a choice's words in prose, or None when the choice is no distinctive
+    string (a number, a bool, one short common word)."""
+    if not isinstance(choice, str):
+        return None
+    words = re.findall(r"[^\W_]+", choice)
+    if not words or (len(words) == 1 and len(words[0]) < MIN_CHOICE_LETTERS):
+        return None
+    return _words(choice)
+
+
+def _number_shown(value, text: str) -> list[str]:
+    return [r for r in renderings(value) if re.search(rf"(?<![\d.]){re.escape(r)}(?![\d])", text)]
+
+
+def stated_in_prose(units: list[str], value, choices=()) -> list[str]:
+    """The prose units that state `value`: a distinctive number in any of its renderings, or a
+    distinctive choice named without another choice beside it (a unit that lists two or more
+    choices asks; one that names only the answer gives it)."""
+    pattern = _choice_pattern(value)
+    if pattern is not None:
+        others = [_words(str(c)) for c in choices if str(c).lower() != value.lower()]
+        return [u for u in units if pattern.search(u) and not any(o.search(u) for o in others)]
+    return [u for u in units if _number_shown(value, u)]
+
+
+def answers_on_screen(nb, expected_of, choices_of=lambda key: ()) -> list[str]:
+    """Questions whose measured answer already shows above them: printed in an output, or
+    stated in the markdown (a heading, a header bullet, a sentence of prose).
 
     `expected_of(key)` returns the right answer of an exercise, or None when it has no
-    `expected` function; only answers with a distinctive rendering are searched for.
+    `expected` function; `choices_of(key)` the options of a one-of exercise (empty otherwise).
+    Only answers with a distinctive rendering are searched for: numbers with three or more
+    significant digits, and choices of two or more words or one long word.
     """
     found = []
     for index, cell in enumerate(nb.cells):
@@ -93,13 +154,35 @@ def answers_on_screen(nb, expected_of) -> list[str]:
             if value is None:
                 continue
             above = "\n".join(_text(o) for c in nb.cells[:index] for o in c.get("outputs", []))
-            shown = [r for r in renderings(value) if re.search(rf"(?<![\d.]){re.escape(r)}(?![\d])", above)]
+            shown = _number_shown(value, above)
             if shown:
                 found.append(f"{key}: its answer {shown[0]!r} is printed above the question")
+            for at, md in enumerate(nb.cells[:index]):
+                if md.cell_type != "markdown":
+                    continue
+                for unit in stated_in_prose(prose_units(md.source), value, choices_of(key)):
+                    found.append(f"{key}: its answer {value!r} is stated above the question, "
+                                 f"in cell [{at}]: {unit[:90]!r}")
     return found
 
 
-def problems(nb, expected_of=lambda key: None) -> list[str]:
+def exercise_answers():
+    """(expected_of, choices_of) from the course's exercises: the measured answer of each one
+    that declares one, and the options of each one-of exercise."""
+    from ckpt_lab.lessons import exercises
+
+    def expected_of(key):
+        exercise = exercises.EXERCISES.get(key)
+        return exercise.expected() if exercise is not None and exercise.expected else None
+
+    def choices_of(key):
+        exercise = exercises.EXERCISES.get(key)
+        return getattr(exercise.judge, "choices", ()) if exercise is not None else ()
+
+    return expected_of, choices_of
+
+
+def problems(nb, expected_of=lambda key: None, choices_of=lambda key: ()) -> list[str]:
     """Every rule of the lesson form this executed notebook breaks."""
     s = shape(nb)
     out = []
@@ -114,15 +197,18 @@ def problems(nb, expected_of=lambda key: None) -> list[str]:
         out.append("no closing 'What you now know'")
     if not s.in_your_code:
         out.append("no closing 'In your code'")
-    return out + answers_on_screen(nb, expected_of)
+    return out + answers_on_screen(nb, expected_of, choices_of)
 
 
 def main(paths: list[str]) -> int:
-    """Print one line per lesson; exit 1 when any breaks a rule."""
+    """Print one line per lesson; exit 1 when any breaks a rule (``--answers``: the answer rule
+    too, each exercise's answer measured)."""
+    answers = exercise_answers() if "--answers" in paths else (lambda key: None, lambda key: ())
+    paths = [p for p in paths if p != "--answers"]
     bad = 0
     for path in paths:
         nb = nbformat.read(path, as_version=4)
-        s, broken = shape(nb), problems(nb)
+        s, broken = shape(nb), problems(nb, *answers)
         bad += bool(broken)
         print(f"{'BAD' if broken else 'OK '} {path.split('/')[-1]:42s} figures {s.figures:2d}  "
               f"longest prose {s.longest_prose:3d}  text lines {s.text_lines:3d}  "

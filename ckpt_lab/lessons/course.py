@@ -31,7 +31,7 @@ LESSONS = {
     "00_tour": "A tour: what does activation checkpointing trade?",
     "01_where_memory_goes": "Where does the memory of a training step go?",
     "02_checkpointing_from_scratch": "Checkpointing from scratch: what does it drop, and when is it wrong?",
-    "03_segments_and_sqrt_l": "Segments and sqrt(L): how many segments should a chain get?",
+    "03_segments_and_sqrt_l": "How many segments should a chain get?",
     "04_the_price": "What does recomputation cost, in FLOPs and in time?",
     "05_transformers_selective": "Which activations grow with the sequence, and is recomputing only those worth it?",
     "06_optimal_schedules": "Where should the checkpoints go when the layers are not alike?",

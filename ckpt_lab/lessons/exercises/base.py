@@ -72,6 +72,7 @@ def one_of(choices: tuple, expected: Callable[[], Any], right: str, wrong: str,
         if given == want:
             return True, right.format(**fields)
         return False, (hints or {}).get(given, wrong).format(**fields)
+    judge.choices = choices          # the options, for the answer-on-screen rule (tools/lesson_shape)
     return judge
 
 

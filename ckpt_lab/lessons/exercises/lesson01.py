@@ -94,7 +94,8 @@ _mixed = near(
           "+ 8 (fp32 Adam moments), as much as fp32 training.",
     low="Measured {expected:.2f}. Halving everything gives 8, but the optimizer updates an fp32 "
         "master copy of the weights (4 bytes) and keeps its two moments in fp32 (8 bytes): "
-        "mixed precision saves activations and time, not model state.",
+        "mixed precision leaves model state where fp32 had it (lesson 7 measures what it does "
+        "to activations and time).",
     high="Measured {expected:.2f}: the gradients here are bf16 (2 bytes); keeping them in fp32 "
          "(18 bytes) or both (20) are other arrangements.")
 

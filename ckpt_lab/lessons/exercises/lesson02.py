@@ -174,8 +174,8 @@ def _my_checkpoint(answer):
 
 EXERCISES = [
     Exercise("02.kept_tensors", "torch.utils.checkpoint.checkpoint(chain, x, use_reentrant=False) "
-             "around 4 blocks Linear -> ReLU: after the forward, how many tokens x width tensors "
-             "does it keep: 0, 1 or 4?", _kept, expected=kept_tensors),
+             "around 4 blocks Linear -> ReLU: after the forward, how many new tokens x width "
+             "tensors does it keep (the input x, made before, is not counted): 0, 1 or 4?", _kept, expected=kept_tensors),
     Exercise("02.torch_verdicts", "For each of the six faults, is PyTorch's non-reentrant "
              "checkpoint 'right', silently 'wrong', or does it 'refuse' (raise)? A dict "
              "{case: answer} over: " + ", ".join(repr(k) for k in WHY) + ".", _verdicts,
