@@ -104,3 +104,14 @@ def test_every_library_module_is_named_where_the_library_is_described():
     for place, text in places.items():
         missing = [n for n in names if f"`{n}`" not in text]
         assert not missing, f"{place} does not name {missing}"
+
+
+def test_every_lesson_support_module_is_named_in_the_architecture_page():
+    """docs/architecture.md names every module of ckpt_lab.lessons (a package as `name/`)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    lessons = PACKAGE / "lessons"
+    names = sorted({p.stem for p in lessons.glob("*.py") if p.stem != "__init__"}
+                   | {f"{p.name}/" for p in lessons.iterdir() if (p / "__init__.py").exists()})
+    assert {"course", "plots/", "exercises/"} <= set(names)
+    missing = [n for n in names if f"`{n}`" not in text]
+    assert not missing, f"docs/architecture.md does not name {missing}"
