@@ -1,6 +1,7 @@
 """Capacity planner and the `python -m ckpt_lab plan` CLI; its layer formula for current
 architectures (fused attention, GQA, SwiGLU) held to a measured tiny Llama."""
 import math
+from pathlib import Path
 import subprocess
 import sys
 
@@ -33,6 +34,25 @@ def test_rows_follow_the_formulas():
         < first["segments of 1 block"].recompute_overhead < first["recursive"].recompute_overhead
     # accumulation halves the micro-batch and with it every activation term
     assert {r.micro_batch for r in rows} == {8, 4, 2, 1}
+
+
+def test_segments_of_k_blocks_recompute_what_the_glossary_says():
+    """docs/glossary.md#segments-of-k-blocks: the planner leaves the last group of k blocks
+    uncheckpointed (L - k blocks re-run, as checkpoint_sequential runs them), while the models'
+    policy "every:k" checkpoints every group, the last included."""
+    from ckpt_lab.models import build_model, get_config
+    rows = {r.strategy: r for r in strategy_rows(SMALL, parse_bytes("24GiB")) if r.accumulation_steps == 1}
+    one_forward = step_flops(SMALL, 8) / 3 - 2 * 8 * 2048 * 1024 * SMALL.vocab   # the blocks' forward
+    for k in (1, 2, 4, 8):
+        name = "segments of 1 block" if k == 1 else f"segments of {k} blocks"
+        assert rows[name].recompute_overhead * step_flops(SMALL, 8) == pytest.approx(
+            (24 - k) / 24 * one_forward, rel=1e-12)
+    model = build_model(get_config("gpt-cpu", n_layer=4, n_embd=32, n_head=2, block_size=16), policy="every:2")
+    blocks = [s for s in model.segments() if s[1] - s[0] == 2]
+    assert len(blocks) == 2 and all(checkpointed for _, _, checkpointed in blocks)
+    text = (Path(__file__).parent.parent / "docs" / "glossary.md").read_text()
+    entry = text[text.index("### Segments of k blocks"):text.index("### Every k-th block")]
+    assert "the last included, so every block is recomputed" in entry and "L − k of the L blocks" in entry
 
 
 def test_cheapest_fitting_strategy_respects_headroom():

@@ -72,3 +72,32 @@ def test_the_mapping_covers_every_term_of_both_formulas():
     assert {t for t in saved_terms.MEGATRON_TERM.values() if t} == set(paper)
     table = saved_terms.mapping_table(ours, paper, S * B * H, A * S / H)
     assert "34 + 5 · as/h" in table and table.count("\n") == len(ours) + 2
+
+
+def _in_your_code(lesson: str) -> str:
+    """The python block of a lesson's closing "In your code" section."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / f"{lesson}.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
+    return re.search(r"```python\n(.*?)```", cell, re.S).group(1)
+
+
+def test_in_your_code_chunked_loss_is_cross_entropy_with_padding():
+    """The copyable chunked loss is F.cross_entropy's mean, value and gradients, when some
+    targets are padding (-100) and the chunks are unequal: a mean over len(t) would be wrong."""
+    import torch.nn.functional as F
+    space = {}
+    exec(_in_your_code("05_transformers_selective"), space)
+    torch.manual_seed(0)
+    h = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 50, (37,))
+    t[::3] = -100                                               # padding, as a collator marks it
+    got = space["chunked_ce"](h, W, t, chunks=8)
+    want = F.cross_entropy(h @ W.T, t)
+    assert torch.allclose(got, want, rtol=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (h, W)), torch.autograd.grad(want, (h, W))):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)

@@ -22,7 +22,7 @@ def _bisect(n):
 
 def test_planner_saving_against_every_plan_enumerated():
     """The planner's plan is the cheapest of all 2^12 plans within each uniform plan's peak."""
-    layers, x, profile = lesson06.stage_net()
+    layers, x, profile = lesson06.conv_net()
     n, saved = len(layers), []
     plans = [[0, *rest] for k in range(n) for rest in itertools.combinations(range(1, n), k)]
     peaks = {tuple(p): planner.step_peak_bytes(p, profile) for p in plans}
@@ -38,7 +38,7 @@ def test_planner_saving_against_every_plan_enumerated():
 
 
 def test_which_fit_by_measuring_each_plan():
-    layers, x, profile = lesson06.stage_net()
+    layers, x, profile = lesson06.conv_net()
     fits = {name for name, plan in lesson06.FIT_PLANS.items()
             if widgets.measure_plan_peak(layers, x, plan) <= lesson06.FIT_BUDGET}
     assert fits == exercises.EXERCISES["06.which_fit"].expected() and fits != set(lesson06.FIT_PLANS)

@@ -68,3 +68,41 @@ def test_accumulation_is_free_in_flops_and_slower_on_a_cpu(one_thread):
 def test_unanswered_and_malformed(key, capsys):
     unanswered_and_malformed([key], 3.5, capsys)
     assert exercises.EXERCISES[key].expected is not None
+
+
+def test_in_your_code_oom_ladder_retries_clean(monkeypatch):
+    """Lesson 8's copyable OOM loop: the allocator setting comes before `import torch`; a retry
+    starts from empty gradients (an OOM mid-accumulation leaves partial sums in .grad), and the
+    cache is emptied outside the except block (whose traceback holds the failed step's tensors)."""
+    import re
+    import sys
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "08_capacity_and_oom.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
+    code = re.search(r"```python\n(.*?)```", cell, re.S).group(1)
+    assert code.index("PYTORCH_CUDA_ALLOC_CONF") < code.index("import torch")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")            # restored after the test
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(sys.exc_info()[0]))
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(8, 4)
+    seen = []
+
+    def train_step(micro_batches):
+        """k micro-batches into .grad; the 1-micro-batch step runs out of memory in its backward."""
+        seen.append([p.grad for p in model.parameters()])
+        for i, xm in enumerate(x.chunk(micro_batches)):
+            (model(xm).square().sum() / micro_batches).backward()
+            if micro_batches == 1 or (micro_batches == 2 and i == 1):
+                raise torch.OutOfMemoryError("simulated")
+
+    exec(code, {"ladder": [1, 2, 4], "train_step": train_step, "model": model})
+    assert len(seen) == 3 and all(g is None for step in seen for g in step)   # every try from scratch
+    assert emptied == [None, None]                                      # outside except, once per OOM
+    want = [torch.zeros_like(p) for p in model.parameters()]
+    for xm in x.chunk(4):                                               # the step that fitted, alone
+        grads = torch.autograd.grad(model(xm).square().sum() / 4, list(model.parameters()))
+        want = [w + g for w, g in zip(want, grads)]
+    assert all(torch.allclose(p.grad, w) for p, w in zip(model.parameters(), want))

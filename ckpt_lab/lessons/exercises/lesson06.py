@@ -1,8 +1,9 @@
 """Predictions of lesson 6 (where checkpoints go when the layers are not alike).
 
 Each right answer is measured when it is needed, on the lesson's chain at its CPU sizes
-(`stage_net`): a 13-layer convolutional net whose stages halve the image and double the
-channels, profiled with `profile_layers`, its forward FLOPs the cost of re-running a layer.
+(`conv_net`): a 13-layer convolutional net that works at four scales, each half the image and
+twice the channels of the one before, profiled with `profile_layers`, its forward FLOPs the cost
+of re-running a layer.
 """
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ def conv(c_in: int, c_out: int, stride: int = 1) -> nn.Module:
                          nn.BatchNorm2d(c_out), nn.ReLU())
 
 
-def _stage_net(channels: int, per_stage: int, batch: int, image: int, device):
+def _conv_net(channels: int, per_scale: int, batch: int, image: int, device):
     torch.manual_seed(0)
-    layers = [conv(3, channels)] + [conv(channels, channels) for _ in range(per_stage - 1)]
-    for stage in range(1, 4):
-        c = channels * 2 ** stage
-        layers += [conv(c // 2, c, stride=2)] + [conv(c, c) for _ in range(per_stage - 1)]
+    layers = [conv(3, channels)] + [conv(channels, channels) for _ in range(per_scale - 1)]
+    for scale in range(1, 4):
+        c = channels * 2 ** scale
+        layers += [conv(c // 2, c, stride=2)] + [conv(c, c) for _ in range(per_scale - 1)]
     layers += [nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * channels, 10))]
     layers = [layer.to(device) for layer in layers]
     return layers, torch.randn(batch, 3, image, image, device=device)
@@ -52,16 +53,17 @@ def forward_flops(layers, x) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4)
-def stage_net(channels: int = 8, per_stage: int = 3, batch: int = 8, image: int = 32,
-              device: str = "cpu"):
-    """The lesson's chain, its input and its profile: four stages of `per_stage` conv layers
-    (each stage halves the image and doubles the channels), then a pooled linear head,
-    profiled by `profile_layers` with each layer's forward FLOPs as its cost (per-layer
-    timings jitter on a shared CPU). Built once per size: the lesson and the checks of its
+def conv_net(channels: int = 8, per_scale: int = 3, batch: int = 8, image: int = 32,
+             device: str = "cpu"):
+    """The lesson's chain, its input and its profile: `per_scale` conv layers at each of four
+    scales (each halves the image and doubles the channels), then a pooled linear head,
+    profiled by `profile_layers`. The planner prices re-running a layer by the profile's
+    `forward_seconds`; that field holds the layer's forward FLOPs here (`forward_flops`),
+    since per-layer timings jitter on a shared CPU. Built once per size: the lesson and the checks of its
     predictions share it (`widgets.measure_plan_peak` leaves it as it found it)."""
     from ckpt_lab.profile import profile_layers
-    layers, x = _stage_net(channels, per_stage, batch, image, torch.device(device))
-    profile = [dataclasses.replace(p, forward_seconds=f)
+    layers, x = _conv_net(channels, per_scale, batch, image, torch.device(device))
+    profile = [dataclasses.replace(p, forward_seconds=f)   # FLOPs in the planner's cost field
                for p, f in zip(profile_layers(layers, x, repeats=1), forward_flops(layers, x))]
     return layers, x, profile
 
@@ -71,7 +73,7 @@ def planner_saving() -> float:
     (k = 1..8) within the uniform plan's step peak (the step model, which the lesson checks
     against the measured peak of every plan), as a fraction."""
     from ckpt_lab import planner
-    layers, x, profile = stage_net()
+    layers, x, profile = conv_net()
     saved = []
     for k in range(1, 9):
         uniform = planner.evaluate_plan(planner.uniform_plan(len(layers), k), profile)
@@ -83,11 +85,11 @@ def planner_saving() -> float:
 
 _planner_saving = near(
     planner_saving, 0.1,
-    right="{expected:.0%} less, at best: the planner cuts the big first stage finely, where an "
-          "input is cheap to keep and quick to re-run, and leaves the small last stages in one "
+    right="{expected:.0%} less, at best: the planner cuts the big first scale finely, where an "
+          "input is cheap to keep and quick to re-run, and leaves the small last scales in one "
           "long last segment, which is never re-run.",
     low="Measured: up to {expected:.0%} less. Uniform segments cannot tell a boundary in the big "
-        "first stage from one in the small last stage; the planner keeps the last segment as "
+        "first scale from one in the small last scale; the planner keeps the last segment as "
         "long as memory allows.",
     high="Measured: up to {expected:.0%} less. At the same peak something must still be re-run: "
          "every layer before the last segment's start.")
@@ -96,7 +98,7 @@ _planner_saving = near(
 def fit_question() -> dict:
     """The plans of exercise 06.which_fit, each with lesson 3's activation-model peak."""
     from ckpt_lab import planner
-    _, _, profile = stage_net()
+    _, _, profile = conv_net()
     act = [p.act_bytes for p in profile]
     out = [p.out_bytes for p in profile]
     cost = [p.forward_seconds for p in profile]
@@ -107,7 +109,7 @@ def fit_question() -> dict:
 def measured_fit_peaks() -> dict:
     """Measured step peak of each plan of exercise 06.which_fit."""
     from ckpt_lab.lessons.widgets import measure_plan_peak
-    layers, x, _ = stage_net()
+    layers, x, _ = conv_net()
     return {name: measure_plan_peak(layers, x, plan) for name, plan in FIT_PLANS.items()}
 
 
@@ -173,8 +175,8 @@ _bisection_growth = near(
 
 EXERCISES = [
     Exercise("06.planner_saving", "The lesson's 13-layer net at its CPU sizes: at the step peak "
-             "uniform segments (k = 1..8) measure, the planner's cheapest plan re-runs how much "
-             "less of the forward, at best (a fraction, 0 to 1)?", _planner_saving,
+             "uniform segments (k = 1..8) measure, the planner's cheapest plan re-runs what "
+             "fraction fewer forward FLOPs, at best (0 to 1)?", _planner_saving,
              expected=planner_saving),
     Exercise("06.which_fit", "The 13-layer net at its CPU sizes, plans "
              + ", ".join(f"{n} = {p}" for n, p in FIT_PLANS.items())

@@ -123,7 +123,8 @@ def _planner_error(answer):
 
 @lru_cache(maxsize=1)
 def accumulation_time_ratio(repeats: int = 9) -> float:
-    """CPU time of the batch in 4 accumulated micro-batches over one plain step (same FLOPs)."""
+    """CPU time of the batch in 4 accumulated micro-batches over one plain step (same FLOPs),
+    measured once per process: the judge and the solutions' printout read the same timing."""
     from ckpt_lab import fallback
     from ckpt_lab.models import build_model
     cfg, x, y = course_gpt()
@@ -142,14 +143,13 @@ def accumulation_time() -> str:
 
 _accumulation_time = one_of(
     ("slower", "same", "faster"), accumulation_time, normalise=str.lower,
-    facts=lambda: {"r": accumulation_time_ratio()},
-    right="{expected}: x{r:.2f} the CPU time for x1.00 the FLOPs. Every micro-batch repeats every "
-          "operation, and at these sizes a step's time is mostly per-operation overhead, not "
-          "arithmetic.",
-    hints={"same": "FLOPs are the same, but the CPU time is x{r:.2f}: each of the 4 micro-batches "
+    right="{expected}: every micro-batch repeats every operation, and at these sizes a step's "
+          "time is mostly per-operation overhead, not arithmetic (the measured factor is on "
+          "screen above).",
+    hints={"same": "FLOPs are the same, but the CPU time is not: each of the 4 micro-batches "
                    "runs every operation, and small operations cost their overhead whatever "
                    "their size."},
-    wrong="Measured x{r:.2f} the CPU time: the arithmetic is the same, the number of operations "
+    wrong="It ran {expected} on this CPU: the arithmetic is the same, the number of operations "
           "is 4 times larger.")
 
 
