@@ -205,12 +205,18 @@ def _is_profile(values) -> bool:
 
 
 def _chain(act_bytes, out_bytes, fwd_cost, input_bytes):
-    """The model a call asks for: a profile means the step model, three lists the activation one."""
+    """The model a call asks for: a profile means the step model, three lists the activation one.
+
+    With a profile, `fwd_cost` (one number per layer) replaces the profiled forward seconds
+    as the recompute cost: e.g. each layer's FLOPs, which do not jitter from run to run."""
     if _is_profile(act_bytes):
         if input_bytes:
             raise ValueError("input_bytes belongs to the activation model; the step model counts "
                              "what the step allocates, and x is allocated before it")
-        return _Step(act_bytes)
+        if out_bytes is not None:
+            raise ValueError("with a profile, give no out_bytes: the profile holds them "
+                             "(pass a per-layer cost as fwd_cost=...)")
+        return _Step(act_bytes, fwd_cost)
     if out_bytes is None or fwd_cost is None:
         raise ValueError("give either a profile (a list of LayerProfile from profile_layers) or "
                          "act_bytes, out_bytes and fwd_cost")
@@ -237,7 +243,8 @@ def optimal_segments(act_bytes, out_bytes=None, fwd_cost=None, budget_bytes=None
     Two models, chosen by what you pass:
 
     * `optimal_segments(profile, budget_bytes)` with `profile = profile_layers(layers, x)`: the
-      step model (`step_peak_bytes`), the measured peak of a training step;
+      step model (`step_peak_bytes`), the measured peak of a training step; the recompute cost
+      is the profiled forward time, or `fwd_cost=` (one number per layer, e.g. FLOPs);
     * `optimal_segments(act_bytes, out_bytes, fwd_cost, budget_bytes, input_bytes=0)`: the
       activation model of lesson 3 (`formulas.segmented_peak_bytes`), for hand-made chains.
 
@@ -347,17 +354,21 @@ _STEP_FIELDS = ("own_bytes", "saves_input", "saves_output", "saves_any", "forwar
 class _Step(_Searches):
     """A profile's per-layer pieces, and the step peak they add up to for given segments."""
 
-    def __init__(self, profile):
+    def __init__(self, profile, cost=None):
         profile = list(profile)
         if not profile:
             raise ValueError("the profile is empty; give one LayerProfile per layer")
+        if cost is not None and len(list(cost)) != len(profile):
+            raise ValueError(f"fwd_cost must have one entry per layer of the profile; got "
+                             f"{len(list(cost))} for {len(profile)} layers")
         for i, p in enumerate(profile):
             missing = [f for f in _STEP_FIELDS if getattr(p, f, None) is None]
             if missing:
                 raise ValueError(f"profile[{i}] lacks {', '.join(missing)}: the step model needs "
                                  "a profile measured by profile_layers(layers, x)")
         self.n = n = len(profile)
-        self.cost = _numbers("forward_seconds", [p.forward_seconds for p in profile])
+        self.cost = (_numbers("forward_seconds", [p.forward_seconds for p in profile])
+                     if cost is None else _numbers("fwd_cost", cost))
         self.cost_prefix = list(itertools.accumulate(self.cost, initial=0))
         get = lambda f: [getattr(p, f) for p in profile]  # noqa: E731
         self.out = _ints("out_bytes", get("out_bytes"))

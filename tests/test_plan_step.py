@@ -269,6 +269,38 @@ def test_step_model_needs_a_measured_profile():
         planner.optimal_segments(random_profile(random.Random(0), 3), 100, input_bytes=5)
 
 
+def test_a_profile_plans_on_the_cost_it_is_given():
+    """fwd_cost replaces the profiled forward seconds (FLOPs do not jitter); it was ignored before."""
+    rng, checked = random.Random(3), 0
+    for _ in range(40):
+        prof = random_profile(rng, rng.randint(2, 8))
+        flops = [rng.randint(0, 100) for _ in prof]
+        as_seconds = [dataclass_replace(p, forward_seconds=f) for p, f in zip(prof, flops)]
+        peaks = set()
+        for q in all_plans(len(prof)):
+            try:
+                peaks.add(planner.evaluate_plan(q, prof).peak_bytes)
+            except ValueError:                      # a boundary where a layer writes in place
+                pass
+        for budget in sorted(peaks)[:3] + sorted(peaks)[-1:]:
+            try:
+                want = planner.optimal_segments(as_seconds, budget)
+            except (planner.BudgetTooSmallError, ValueError):
+                continue
+            got = planner.optimal_segments(prof, budget, fwd_cost=flops)
+            assert (got.boundaries, got.peak_bytes, got.recompute_cost) == \
+                (want.boundaries, want.peak_bytes, want.recompute_cost)
+            checked += want.recompute_cost != planner.optimal_segments(prof, budget).recompute_cost
+        assert [(q.boundaries, q.recompute_cost) for q in planner.pareto_front(prof, fwd_cost=flops)] == \
+            [(q.boundaries, q.recompute_cost) for q in planner.pareto_front(as_seconds)]
+        assert planner.evaluate_plan([0], prof, fwd_cost=flops).recompute_cost == 0
+    assert checked > 10                              # the cost given changed the plan's cost
+    with pytest.raises(ValueError, match="one entry per layer"):
+        planner.optimal_segments(prof, 10**9, fwd_cost=[1])
+    with pytest.raises(ValueError, match="no out_bytes"):
+        planner.evaluate_plan([0], prof, [1] * len(prof))
+
+
 def test_profile_without_the_step_fields_agrees_on_the_activation_model():
     layers, x = bottleneck_mlp()
     full, light = profile_layers(layers, x, repeats=1), profile_layers(layers, x, repeats=1,

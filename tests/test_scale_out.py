@@ -44,6 +44,7 @@ def ddp(batch):
         (scale_out.ddp_step, (CFG, x, y, "none", "hooks")),
         (scale_out.ddp_step, (CFG, x, y, "every", "reentrant", )),
         (scale_out.ddp_pitfalls, (CFG, x, y)),
+        (scale_out.ddp_step, (CFG, x, y), dict(gradient_as_bucket_view=True)),
     ], world_size=WORLD, timeout=150)
 
 
@@ -71,6 +72,21 @@ def test_ddp_per_rank_bytes_match_the_formulas(ddp):
         assert plain["rss_bytes"] < 2 ** 30
 
 
+def test_gradient_as_bucket_view_keeps_the_gradients_in_the_buckets(ddp, reference):
+    loss, grads = reference
+    P = _num_params()
+    for rank in ddp:
+        plain, views = rank[0], rank[3]
+        assert plain["grad_storages"] == len(grads)          # one storage a parameter
+        assert views["grad_storages"] < len(grads)           # a few flat buckets
+        assert views["grad_bytes"] == views["bucket_bytes"] == 4 * P
+        # the state: weights, buckets (the gradients in them), Adam: 16 B/param, not 20
+        assert views["param_bytes"] + views["bucket_bytes"] + views["optimizer_bytes"] == 16 * P
+    assert ddp[0][3]["loss"] == pytest.approx(loss, rel=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(ddp[0][3]["grads"][name], g, rtol=1e-5, atol=1e-6)
+
+
 def test_one_process_and_a_ddp_rank_split_into_the_same_bands(ddp, batch):
     x, y = batch
     one = scale_out.bands(scale_out.one_process(CFG, x, y))
@@ -90,7 +106,10 @@ def test_reentrant_checkpoint_pitfalls_under_ddp(ddp):
     frozen = rows["torch reentrant, frozen embedding"]
     assert frozen["outcome"] == "error" and "parameters that were not used" in frozen["error"]
     assert frozen["losses"], "the first step runs; the second finds the unused parameters"
+    assert [r["case"] for r in ddp[0][2]][:5] == [c[0] for c in scale_out.PITFALLS[:5]]
+    assert all(c[1].startswith("torch") for c in scale_out.PITFALLS[:5])  # what learners call
     for fixed in ("torch reentrant, static_graph=True", "ckpt_lab hooks, find_unused_parameters=True",
+                  "torch non-reentrant, find_unused_parameters=True",
                   "torch non-reentrant, frozen embedding",
                   # ckpt_lab's reentrant node returns the parameters' gradients to the outer
                   # backward instead of accumulating them in a nested one: neither pitfall
@@ -103,7 +122,8 @@ def test_reentrant_checkpoint_pitfalls_under_ddp(ddp):
 @pytest.fixture(scope="module")
 def fsdp(batch):
     x, y = batch
-    cases = [("none", "layers"), ("ckpt_lab", "layers"), ("torch", "layers"), ("none", "root")]
+    cases = [("none", "layers"), ("ckpt_lab", "layers"), ("torch", "layers"), ("none", "root"),
+             ("torch", "layers", "shard first")]
     out = distributed.launch(scale_out.several,
                              [(scale_out.fsdp_step, (CFG, x, y) + c) for c in cases],
                              world_size=WORLD, timeout=150)
@@ -137,6 +157,10 @@ def test_fsdp_per_rank_peak_matches_the_formula(fsdp):
         assert rank["ckpt_lab", "layers"]["peak_bytes"] == rank["torch", "layers"]["peak_bytes"]
         # checkpointing recomputes inside the unit's backward all-gather: none extra
         assert rank["ckpt_lab", "layers"]["all_gathers"] == rank["none", "layers"]["all_gathers"]
+        # checkpointing after sharding: the same peak, gathers and loss as before it
+        after = rank["torch", "layers", "shard first"]
+        for key in ("peak_bytes", "gathered_peak_bytes", "all_gathers", "loss"):
+            assert after[key] == rank["torch", "layers"][key], key
         root = rank["none", "root"]
         assert root["gathered_peak_bytes"] == 4 * sum(numels)      # one unit: the whole model
         assert root["unit_bytes"] == [4 * sum(numels)]
@@ -247,3 +271,8 @@ def test_megatron_tensor_parallel_formula():
         sp = pf.megatron_tp_layer_bytes(s, b, h, a, t, sequence_parallel=True)
         assert sp == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
     assert pf.megatron_tp_layer_bytes(s, b, h, a, 1) == formulas.megatron_layer_bytes(s, b, h, a)
+
+
+def test_fsdp_step_refuses_an_unknown_order_before_any_work(batch):
+    with pytest.raises(ValueError, match="order must be one of"):
+        scale_out.fsdp_step(CFG, *batch, "torch", "layers", "checkpoint last")

@@ -183,6 +183,35 @@ def test_each_variant_needs_its_own_code_for_its_own_budget():
     assert kept[True][0] > kept[True][1]
 
 
+def test_a_low_budget_reruns_the_forward_before_the_backward_starts():
+    """compiled.partition reads the partitioner's graphs: at 1.0 nothing is recomputed and the
+    forward saves what the allocator sees it keep; at 0.1 the backward re-runs most matmuls,
+    many before its first gradient matmul (lesson 11's reason the peak rises)."""
+    import torch.nn.functional as F
+    from ckpt_lab.models import build_model, get_config
+    cfg = get_config("gpt-tiny", dropout=0.0)
+    idx = torch.randint(0, cfg.vocab_size, (2, cfg.block_size), generator=torch.Generator().manual_seed(0))
+
+    def loss(model, idx):
+        h = model.chain[0](idx)
+        for b in model.chain[1:-1]:
+            h = b(h)
+        return F.cross_entropy(model.chain[-1](h).flatten(0, 1), idx.flatten())
+
+    torch._dynamo.reset()
+    full, low = (compiled.partition(loss, (build_model(cfg), idx), b) for b in (1.0, 0.1))
+    model = build_model(cfg)
+    fast = torch.compile(compiled.own_code(loss), backend="aot_eager_decomp_partition")
+    fast(model, idx).backward()
+    kept = compiled.measure(lambda: fast(model, idx), model, warmup=0)["kept_bytes"]
+    torch._dynamo.reset()
+    assert full["recomputed_matmuls"] == full["recomputed_before_first_gradient"] == 0
+    assert full["saved_bytes"] <= kept <= full["saved_bytes"] + 16      # + the held loss
+    assert low["saved_bytes"] < full["saved_bytes"] / 2
+    assert low["recomputed_matmuls"] > full["forward_matmuls"] / 2
+    assert 0 < low["recomputed_before_first_gradient"] <= low["recomputed_matmuls"]
+
+
 def test_track_memory_does_not_see_the_compiled_program():
     """Under a TorchDispatchMode torch.compile runs the module eagerly: the tracker sees the
     eager ops and the eager bytes, whatever the budget."""

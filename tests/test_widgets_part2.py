@@ -23,11 +23,24 @@ def test_plan_explorer_follows_the_budget_slider():
     tight = e.result
     assert e.image.value != image                  # the figure was redrawn
     assert tight.peak_bytes < loose.peak_bytes     # the plan really lowered the measured peak
-    assert tight.recompute_seconds > 0
+    assert tight.recompute_cost > 0
     for r in (loose, tight):
         # the step model predicts the measured step peak, and the plan fits its budget
         assert r.peak_bytes <= r.budget_bytes and r.predicted_bytes <= r.budget_bytes
         assert abs(r.ratio - 1) <= 0.03, r
+
+
+def test_plan_explorer_plans_on_the_cost_it_is_given():
+    """With cost= (e.g. FLOPs) the explorer plans, draws and reports on that cost, not on time."""
+    from ckpt_lab import planner
+    layers, x = _chain(), torch.randn(64, 16)
+    prof = profile_layers(layers, x, repeats=1)
+    cost = [sum(p.numel() for p in layer.parameters()) for layer in layers]   # ReLUs cost 0
+    e = widgets.plan_explorer(layers, x, budget_fraction=0.0, profile=prof, cost=cost, basis="FLOPs")
+    r = e.result
+    want = planner.optimal_segments(prof, r.budget_bytes, fwd_cost=cost)
+    assert r.boundaries == want.boundaries and r.recompute_cost == want.recompute_cost
+    assert r.forward_cost == sum(cost) and "forward's FLOPs" in e.text.value
 
 
 def test_measure_plan_peak_matches_a_direct_measurement():

@@ -116,3 +116,58 @@ def measure_step(compiled, model, x, repeats: int = 3) -> CompiledStep:
     row = compare({"step": (lambda: compiled(x).pow(2).mean(), model)}, device, repeats,
                   warmup=0)["step"]
     return CompiledStep(row["kept_bytes"], row["peak_bytes"], row["median_step_seconds"])
+
+
+MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def partition(fn, args, budget: float) -> dict:
+    """What AOTAutograd's partitioner decides for ``fn(*args)`` (a loss) at an activation memory
+    budget, under ``aot_eager_decomp_partition``'s decompositions and partitioner: the bytes
+    the forward graph saves for backward besides the inputs (parameters included), the
+    matmuls of the forward, and those the backward graph runs again. Like the partitioner's
+    own debug log, an operation counts as recomputed when the backward graph holds a node of
+    the forward's name; ``recomputed_before_first_gradient`` counts the recomputed matmuls the
+    backward graph runs before its first matmul of a gradient. Compiles a fresh copy of ``fn``
+    (`own_code`)."""
+    import functools
+
+    import torch._functorch.config as functorch_config
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._inductor.compile_fx import select_decomp_table
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return boxed_nop(gm, example_inputs)
+
+    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep, decompositions=select_decomp_table(),
+                           partition_fn=functools.partial(min_cut_rematerialization_partition,
+                                                          compiler="inductor"))
+    with functorch_config.patch(activation_memory_budget=budget, unlift_effect_tokens=True):
+        torch.compile(own_code(fn), backend=backend)(*args).backward()
+    if len(graphs) != 2:
+        raise ValueError(f"expected one forward and one backward graph, got {len(graphs)}: "
+                         "give a function Dynamo captures whole")
+    fw, bw = graphs
+
+    def calls(gm):
+        return {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
+
+    def is_matmul(node):
+        return getattr(node.target, "__name__", "").split(".")[0] in MATMULS
+
+    saved = list(fw.graph.find_nodes(op="output"))[0].args[0][1:]
+    inputs = {n.name for n in fw.graph.find_nodes(op="placeholder")}
+    saved_bytes = sum(v.numel() * v.element_size() for n in saved
+                      if getattr(n, "name", None) not in inputs
+                      and isinstance(v := getattr(n, "meta", {}).get("val"), torch.Tensor))
+    fw_calls, bw_calls = calls(fw), calls(bw)
+    order = [name in fw_calls for name, n in bw_calls.items() if is_matmul(n)]   # True: a recompute
+    return {"saved_bytes": saved_bytes,
+            "forward_matmuls": sum(map(is_matmul, fw_calls.values())),
+            "recomputed_matmuls": sum(order),
+            "recomputed_before_first_gradient": order.index(False) if False in order else len(order)}

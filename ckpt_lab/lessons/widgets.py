@@ -296,14 +296,15 @@ def seq_explorer(**kwargs) -> SeqExplorer:
 # ------------------------------------------------------------------ plans under a budget (6, 10)
 @dataclass
 class PlanResult:
-    """The planner's plan at one budget, applied and measured (bytes; cost in forward seconds)."""
+    """The planner's plan at one budget, applied and measured (bytes; cost in the explorer's
+    basis: profiled forward seconds, or the per-layer cost it was given, e.g. FLOPs)."""
 
     budget_bytes: int
     boundaries: list
     predicted_bytes: int       # the planner's step peak (planner.step_peak_bytes)
     peak_bytes: int            # measured step peak with the plan applied
-    recompute_seconds: float   # profiled forward time of the layers the plan recomputes
-    forward_seconds: float     # profiled forward time of the whole chain
+    recompute_cost: float      # cost of the layers the plan recomputes
+    forward_cost: float        # cost of the whole chain's forward
 
     @property
     def ratio(self) -> float:
@@ -340,18 +341,22 @@ def measure_plan_peak(layers, x: torch.Tensor, boundaries) -> int:
 
 class PlanExplorer(Explorer):
     """A budget slider over any chain: the planner's plan, its predicted and measured step peak,
-    and the Pareto front of step peak against recomputed forward time (the step model)."""
+    and the Pareto front of step peak against recomputed forward time (the step model), or
+    against `cost` (one number per layer, e.g. FLOPs, named by `basis`) when given."""
 
-    def __init__(self, layers, x: torch.Tensor, budget_fraction: float = 0.5, profile=None):
+    def __init__(self, layers, x: torch.Tensor, budget_fraction: float = 0.5, profile=None,
+                 cost=None, basis: str | None = None):
         from ckpt_lab.profile import profile_layers
         from ckpt_lab.planner import minimum_peak, pareto_front, step_peak_bytes
         self.layers, self.x = list(layers), x
         self.profile = profile if profile is not None else profile_layers(self.layers, x)
         self.out = [p.out_bytes for p in self.profile]
-        self.cost = [p.forward_seconds for p in self.profile]
+        self.cost = [p.forward_seconds for p in self.profile] if cost is None else list(cost)
+        self.basis = basis
+        self.of = f" of the forward's {basis}" if basis else " of the forward"
         self.none_bytes = step_peak_bytes([0], self.profile)
         self.min_bytes = minimum_peak(self.profile)
-        self.front = pareto_front(self.profile)
+        self.front = pareto_front(self.profile, fwd_cost=self.cost)
         self.measured: dict[tuple, int] = {}
         lo = self.min_bytes / self.none_bytes
         slider = W.FloatSlider(value=min(max(budget_fraction, lo), 1.0), min=round(lo + 0.005, 2),
@@ -365,7 +370,7 @@ class PlanExplorer(Explorer):
     def plan(self, budget_bytes: int):
         """The planner's cheapest plan whose predicted step peak is within budget_bytes."""
         from ckpt_lab.planner import optimal_segments
-        return optimal_segments(self.profile, budget_bytes)
+        return optimal_segments(self.profile, budget_bytes, fwd_cost=self.cost)
 
     def update(self, budget):
         budget_bytes = max(int(budget * self.none_bytes), self.min_bytes)
@@ -378,7 +383,7 @@ class PlanExplorer(Explorer):
         self._draw(result)
         self.text.value = (
             f"<b>budget {fmt_bytes(budget_bytes)}</b>: plan {result.boundaries} recomputes "
-            f"{result.recompute_seconds / result.forward_seconds:.0%} of the forward; step peak "
+            f"{result.recompute_cost / result.forward_cost:.0%}{self.of}; step peak "
             f"measured {fmt_bytes(result.peak_bytes)}, predicted {fmt_bytes(result.predicted_bytes)} "
             f"(ratio {result.ratio:.3f})")
         return result
@@ -394,11 +399,11 @@ class PlanExplorer(Explorer):
         ax.plot(*zip(*pts), "o", color="C0", label="plans applied (measured step peak)")
         ax.axvline(r.budget_bytes / MIB, color="gray", ls=":", label="budget")
         _label(ax, title="Step peak against recomputation", xlabel="step peak (MiB)",
-               ylabel="forward recomputed (%)")
+               ylabel=f"forward recomputed (%{', ' + self.basis if self.basis else ''})")
         self.figure.tight_layout()
 
     def plan_cost(self, boundaries) -> float:
-        """Profiled forward seconds of the layers a plan recomputes (all before the last start)."""
+        """Cost (profiled forward seconds, or `cost`) of the layers a plan recomputes (all before the last start)."""
         return sum(self.cost[:list(boundaries)[-1]])
 
 

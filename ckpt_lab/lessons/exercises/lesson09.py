@@ -57,8 +57,9 @@ def _best_segments_transformer(answer):
 
 
 def accumulation_bound() -> float:
-    """At most what checkpointing plus accumulation can divide a 7B step's peak by (60 GiB of
-    activations on top of mixed-precision Adam's state): (state + activations) / state."""
+    """At most what checkpointing plus accumulation can divide the step peak of a model of 7e9
+    parameters by (60 GiB of activations on top of mixed-precision Adam's state):
+    (state + activations) / state."""
     state = formulas.model_state_bytes(7_000_000_000, "mixed", "adam")
     return (state + 60 * GIB) / state
 
@@ -79,8 +80,9 @@ EXERCISES = [
     Exercise("09.best_segments_transformer", "48 transformer blocks that each keep 18 units "
              "for backward and pass on 1 unit: which uniform segment count S gives the least "
              "step peak?", _best_segments_transformer, expected=best_segments_transformer),
-    Exercise("09.accumulation_bound", "A 7B model trained with mixed-precision Adam (16 bytes "
-             "per parameter) whose activations take 60 GiB without checkpointing: by at most "
+    Exercise("09.accumulation_bound", "A model of 7e9 parameters (not Llama 2 7B's 6.74e9) "
+             "trained with mixed-precision Adam (16 bytes per parameter) whose activations take "
+             "60 GiB without checkpointing: by at most "
              "what factor can checkpointing plus accumulation lower the step peak?",
              _accumulation_bound, expected=accumulation_bound),
 ]

@@ -64,9 +64,9 @@ _bands = name_set(
 
 @functools.lru_cache(maxsize=None)
 def failing_ddp_configurations() -> frozenset:
-    """Measured: the numbers (1-5, the first five of `scale_out.PITFALLS`; 6 and 7 are ckpt_lab's
-    reentrant design, no part of the question) of the DDP configurations whose two steps
-    raise, run on one rank of a tiny GPT."""
+    """Measured: the numbers (1-5, the first five of `scale_out.PITFALLS`, PyTorch's checkpoint;
+    6 to 8 are ckpt_lab's designs, no part of the question) of the DDP configurations whose
+    two steps raise, run on one rank of a tiny GPT."""
     from ckpt_lab import distributed
     from ckpt_lab.data import TextBatches, load_corpus
     from ckpt_lab.lessons import scale_out

@@ -14,12 +14,12 @@ caller. One module per kind of run, every name re-exported here (``scale_out.ddp
 * `ddp`: `ddp_step` (`DistributedDataParallel`, with or without checkpointing, loss and
   gradients) and `ddp_pitfalls` (reentrant checkpointing under DDP, the failures and fixes).
 * `fsdp`: `fsdp_step`, FSDP2 (`fully_shard`) with no checkpointing, ckpt_lab's checkpoint or
-  PyTorch's `checkpoint_wrapper`; per-rank bytes by kind.
+  PyTorch's `checkpoint_wrapper`, applied before or after sharding; per-rank bytes by kind.
 * `pipeline`: `pipeline_step`, one pipeline stage per rank, plain send/recv, a GPipe or 1F1B
   schedule.
 """
 from .ddp import PITFALLS, ddp_pitfalls, ddp_step
-from .fsdp import apply_checkpointing, fsdp_step, shard
+from .fsdp import ORDERS, apply_checkpointing, fsdp_step, shard
 from .pipeline import cut_segments, pipeline_step, schedule, stage_layers
 from .ranks import check_batch, device, several, whoami
 from .reference import BANDS, bands, one_process, single_step

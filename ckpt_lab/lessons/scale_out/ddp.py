@@ -26,7 +26,8 @@ def _ddp(model, **ddp_options):
 
 def ddp_step(cfg, x, y, policy="none", impl: str | None = None, **ddp_options) -> dict:
     """One DDP step on this rank's rows: global mean loss, gradients (rank 0), and bytes:
-    DDP's buckets, the forward + backward peak (gradients allocated before), Adam's states."""
+    DDP's buckets, the forward + backward peak (gradients allocated before), Adam's states;
+    `ddp_options` go to DistributedDataParallel (e.g. gradient_as_bucket_view=True)."""
     _check_rows(x, y)
     model = build_model(cfg, policy=policy, impl=impl).to(device())
     with track_memory() as made:
@@ -43,7 +44,10 @@ def ddp_step(cfg, x, y, policy="none", impl: str | None = None, **ddp_options) -
     opt.step()
     return {"loss": _mean_over_ranks(loss), "local_loss": loss.item(),
             "grads": grads, "peak_bytes": mem.peak_bytes, "rss_bytes": peak_rss_bytes(),
-            "bucket_bytes": bucket_bytes, **_state_bytes(model, opt)}
+            "bucket_bytes": bucket_bytes, **_state_bytes(model, opt),
+            # distinct storages behind the gradients: one a parameter, or DDP's few flat buckets
+            # when the gradients are views of them (gradient_as_bucket_view=True)
+            "grad_storages": len({p.grad.untyped_storage().data_ptr() for p in model.parameters()})}
 
 
 def _torch_ckpt(model, reentrant: bool, frozen: bool):
@@ -74,12 +78,13 @@ def _frozen_embedding(model):
 # parameter's gradient accumulator from inside the outer backward, and its node has no edge to
 # a parameter when no input requires grad. ckpt_lab's reentrant node takes the parameters as
 # inputs and returns their gradients to the outer backward, so it has neither (its rows).
+# Rows 1-5 are PyTorch's checkpoint, what a learner calls; 6-8 ckpt_lab's designs.
 PITFALLS = [
     # (label, checkpoint: "torch reentrant" | "torch" | a ckpt_lab impl, ddp options, frozen)
     ("torch reentrant, find_unused_parameters=True", "torch reentrant",
      dict(find_unused_parameters=True), False),
     ("torch reentrant, static_graph=True", "torch reentrant", dict(static_graph=True), False),
-    ("ckpt_lab hooks, find_unused_parameters=True", "hooks",
+    ("torch non-reentrant, find_unused_parameters=True", "torch",
      dict(find_unused_parameters=True), False),
     ("torch reentrant, frozen embedding", "torch reentrant", {}, True),
     ("torch non-reentrant, frozen embedding", "torch", {}, True),
@@ -87,6 +92,9 @@ PITFALLS = [
     ("ckpt_lab reentrant, find_unused_parameters=True", "reentrant",
      dict(find_unused_parameters=True), False),
     ("ckpt_lab reentrant, frozen embedding", "reentrant", {}, True),
+    # ckpt_lab's non-reentrant design, as PyTorch's (3)
+    ("ckpt_lab hooks, find_unused_parameters=True", "hooks",
+     dict(find_unused_parameters=True), False),
 ]
 
 

@@ -94,16 +94,27 @@ def shard(model, units: str = "layers", mesh=None) -> list[int]:
     return unit_bytes
 
 
-def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers") -> dict:
+ORDERS = ("checkpoint first", "shard first")
+
+
+def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers",
+              order: str = "checkpoint first") -> dict:
     """FSDP2 (`fully_shard`), every layer of the GPT its own unit (units="layers") or the
-    whole model one unit ("root"): one warm-up step, then one measured forward + backward.
-    Per-rank bytes by kind, the loss, the unit sizes and the number of all-gathers."""
+    whole model one unit ("root"), checkpointed before sharding or after (`order`): one
+    warm-up step, then one measured forward + backward. Per-rank bytes by kind, the loss, the
+    unit sizes and the number of all-gathers."""
     from torch.distributed.device_mesh import init_device_mesh
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     _check_rows(x, y)
     mesh = init_device_mesh(device().type, (dist.get_world_size(),))
     model = build_model(cfg, policy="none").to(device())
-    apply_checkpointing(model, checkpointing)           # checkpoint first, then shard
-    unit_bytes = shard(model, units, mesh)
+    if order == "checkpoint first":
+        apply_checkpointing(model, checkpointing)
+        unit_bytes = shard(model, units, mesh)
+    else:                                   # the wrapper then wraps each sharded block
+        unit_bytes = shard(model, units, mesh)
+        apply_checkpointing(model, checkpointing)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     xr, yr = _my_rows(x), _my_rows(y)
     warm = model(xr, yr)                    # warm-up: gradients and Adam's moments exist

@@ -106,10 +106,10 @@ def whoami() -> dict:
 
 
 def several(calls) -> list:
-    """Run several (function, args) pairs one after the other in the same ranks: one launch,
-    one process start-up, for a whole experiment."""
+    """Run several (function, args) or (function, args, kwargs) calls one after the other in
+    the same ranks: one launch, one process start-up, for a whole experiment."""
     out = []
-    for fn, args in calls:
-        out.append(fn(*args))
+    for fn, args, *kwargs in calls:
+        out.append(fn(*args, **(kwargs[0] if kwargs else {})))
         dist.barrier()
     return out
