@@ -83,7 +83,7 @@ def _prose(text: str) -> str:
     return text
 
 
-ALLOWED = re.compile(r"lessons? \d+|GPT-2|H200|FSDP2|fp32|bf16|fp16")
+ALLOWED = re.compile(r"lessons? \d+|GPT-2|H200|FSDP2|fp32|bf16|fp16|transformers \d+")
 
 
 def test_no_other_number_in_the_prose():
@@ -350,3 +350,28 @@ def test_fragmentation_is_what_the_gpu_check_records_not_what_the_json_holds():
     # the committed run predates the fragmentation record: the page must say so, until a GPU
     # run adds it (then this fails and the sentence goes)
     assert ("fragmentation" in GPU) != ("predates it" in words)
+
+
+def test_trainer_switch_names_are_the_pinned_transformers_fields():
+    """The Trainer's switch is named as the pinned transformers names it; the old names are
+    given as what they are (deprecated aliases), not as the way to do it."""
+    import dataclasses
+    from transformers import TrainingArguments
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    words = " ".join(_paragraph("## Hugging Face").split()) + " " + " ".join(
+        _paragraph("With the `Trainer`").split())
+    named = set(re.findall(r"`((?:activation|gradient)_checkpointing(?:_kwargs)?)=", words))
+    assert named == {"activation_checkpointing", "activation_checkpointing_kwargs"}
+    assert named <= fields and {"gradient_checkpointing", "gradient_checkpointing_kwargs"} <= fields
+    assert "deprecated aliases" in words
+
+
+def test_sqrt_l_segments_come_with_their_condition():
+    words = " ".join(TEXT.split("## A chain of layers")[1].split("\n## ")[0].split())
+    assert "best only when each layer keeps about what it passes on" in words
+    assert "transformer blocks keep far more than they pass on" in words
+
+
+def test_the_compile_budget_warns_that_the_peak_can_rise():
+    words = " ".join(TEXT.split("## Under `torch.compile`")[1].split("\n## ")[0].split())
+    assert "can peak higher" in words and "measure each peak" in words
