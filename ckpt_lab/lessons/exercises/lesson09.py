@@ -20,13 +20,14 @@ def _true_saving_100_10(answer):
     kept = 1 - formulas.uniform_peak_bytes(100, 10, 1, 1) / 100      # the kept-units view, 0.81
     if abs(value - expected) <= 0.015 or abs(value - kept) <= 0.005:
         return True, (f"{value:.2f} is right: about 80% (at the step peak {expected:.3f}; "
-                      f"{kept:.2f} counting kept tensors alone). Backward rebuilds a whole "
-                      "10-layer segment while 9 kept inputs wait: 19 of 100 units, not 10.")
+                      f"{kept:.2f} counting kept tensors alone). At the start of backward the last segment's "
+                      "10 layers (never checkpointed, kept by the forward) and 9 kept inputs are "
+                      "alive: 19 of 100 units, not 10.")
     if value > expected:
-        return False, ("Too large: 90% counts the 10 boundaries alone. At the peak, backward "
-                       "rebuilds the last segment's 10 layers while the 9 other segment "
-                       "inputs are still kept.")
-    return False, ("Too small: only the 9 kept segment inputs and the 10 layers being rebuilt "
+        return False, ("Too large: 90% counts the 10 boundaries alone. At the peak, the start "
+                       "of backward, the last segment's 10 layers (never checkpointed) and the "
+                       "9 other segment inputs are all kept.")
+    return False, ("Too small: only the 9 kept segment inputs and the last segment's 10 layers "
                    "are alive at the peak, in units of one layer, against 100.")
 
 
