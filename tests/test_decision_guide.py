@@ -1,0 +1,69 @@
+"""docs/decision_guide.md states what the lessons measured: every figure equals its formula or
+the committed GPU run it links to (as in docs/recipes.md), and the rows the lessons contradicted
+say what was measured, with its condition."""
+import re
+from pathlib import Path
+
+import pytest
+
+from test_recipes import FIGURE, _shown, _value
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = (ROOT / "docs" / "decision_guide.md").read_text()
+FIGURES = FIGURE.findall(TEXT)
+ROWS = [line for line in TEXT.splitlines() if line.startswith("| ") and not line.startswith("| situation")]
+
+
+def _row(situation: str) -> str:
+    """The table row whose first cell starts with `situation`."""
+    return next(r for r in ROWS if r.split("|")[1].strip().startswith(situation))
+
+
+def test_the_page_has_figures_from_formulas_and_the_gpu_run():
+    assert {target.rsplit(".", 1)[-1] for _, target, _ in FIGURES} == {"json", "py"}
+
+
+@pytest.mark.parametrize("text, target, title", FIGURES, ids=[f[0] for f in FIGURES])
+def test_every_figure_is_its_formula_or_its_json(text, target, title):
+    shown, digits = _shown(text)
+    value = _value(target, title)
+    if digits is None:
+        assert abs(value - shown) < 1e-9, (text, value)
+    else:
+        assert round(value, digits) == shown, (text, value)
+
+
+def test_the_compile_row_says_a_lower_budget_can_peak_higher():
+    row = _row("the model runs under `torch.compile`")
+    assert "use_reentrant=False" in row and "measure each peak" in row
+    assert "can peak higher" in row and "budget 0.1 peaked above 0.5" in row
+    assert "barely moves" not in row                      # no step time was measured with fusion
+
+
+def test_the_price_of_a_hugging_face_switch_has_both_bases():
+    row = _row("a Hugging Face model")
+    assert "with dropout" in row and "without it" in row and "early stop" in row
+    assert "+1/3" not in row
+
+
+def test_sqrt_l_comes_with_its_condition():
+    row = _row("a chain of layers")
+    assert "keeps about what it passes on" in row and "transformer blocks" in row
+
+
+def test_saving_matmuls_is_free_of_matmuls_not_of_time():
+    row = _row("attention written out")
+    assert "no extra FLOPs" not in row and "re-runs no matmul" in row and "cost time" in row
+
+
+def test_micro_batch_one_row_claims_no_halving_from_autocast():
+    row = _row("still short with every block checkpointed and micro-batch 1")
+    assert "does not halve" in row and "only a model cast to bf16 halves" in row
+    assert "gradient accumulation" not in row and "cannot go below micro-batch 1" in row
+    assert "gradient accumulation" in _row("micro-batch above 1")
+    assert not re.search(r"bf16 halves activation", TEXT)
+
+
+def test_the_lora_trap_states_its_condition():
+    trap = " ".join(TEXT.split("**LoRA")[1].split("\n- ")[0].split())
+    assert "with input grads off" in trap and "transformers 5" in trap
