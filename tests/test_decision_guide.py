@@ -67,3 +67,20 @@ def test_micro_batch_one_row_claims_no_halving_from_autocast():
 def test_the_lora_trap_states_its_condition():
     trap = " ".join(TEXT.split("**LoRA")[1].split("\n- ")[0].split())
     assert "with input grads off" in trap and "transformers 5" in trap
+
+
+def test_the_glossary_says_what_flop_counter_mode_counts():
+    """FlopCounterMode's registry holds matmuls, convolutions and attention kernels only, and
+    counts nothing for pointwise ops, norms and softmax: the glossary's FLOPs entry says so."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    names = {str(op).rsplit(".", 1)[-1] for op in FlopCounterMode(display=False).flop_registry}
+    assert all(re.search(r"mm|conv|attention", n) for n in names), names
+    x = torch.randn(8, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.layer_norm(torch.nn.functional.gelu(x).softmax(-1), (16,)).sum().backward()
+    assert counter.get_total_flops() == 0
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    entry = " ".join(glossary.split("### FLOPs")[1].split("\n#")[0].split())
+    assert "only for matrix multiplies, convolutions and attention kernels" in entry
+    assert "pointwise ops, norms and softmax cost time but no counted FLOPs" in entry
