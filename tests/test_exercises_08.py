@@ -106,3 +106,21 @@ def test_in_your_code_oom_ladder_retries_clean(monkeypatch):
         grads = torch.autograd.grad(model(xm).square().sum() / 4, list(model.parameters()))
         want = [w + g for w, g in zip(want, grads)]
     assert all(torch.allclose(p.grad, w) for p, w in zip(model.parameters(), want))
+
+
+def test_in_your_code_oom_ladder_raises_when_no_rung_fits():
+    """The copied loop must not fall through as if a step had trained when every rung fails."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "08_capacity_and_oom.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
+    code = re.search(r"```python\n(.*?)```", cell, re.S).group(1).replace(
+        'os.environ["PYTORCH_CUDA_ALLOC_CONF"]', "_unused")            # leave the environment alone
+
+    def train_step(cfg):
+        raise torch.OutOfMemoryError("simulated")
+
+    with pytest.raises(RuntimeError, match="no configuration fits"):
+        exec(code, {"ladder": [1, 2, 4], "train_step": train_step, "model": torch.nn.Linear(2, 2)})

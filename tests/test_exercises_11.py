@@ -60,3 +60,24 @@ def test_predictions_record_then_reveal(capsys):
     assert "prediction recorded" in capsys.readouterr().out
     assert guess.reveal() is True
     assert exercises.predict("11.sdpa_core", None).reveal() is False
+
+
+def test_in_your_code_budget_line_runs_when_pasted():
+    """Lesson 11's copyable block sets the compile budget; pasted into a fresh interpreter, its
+    imports must make torch._functorch.config reachable (bare `import torch` does not)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "11_checkpointing_in_your_stack.ipynb",
+                       as_version=4)
+    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
+    code = re.search(r"```python\n(.*?)```", cell, re.S).group(1)
+    lines = [line for line in code.splitlines()
+             if line.startswith(("import ", "from ", "torch._functorch.config."))]
+    assert any(line.startswith("torch._functorch.config.activation_memory_budget") for line in lines)
+    run = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-500:]
