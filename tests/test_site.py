@@ -118,6 +118,7 @@ def test_every_executed_course_notebook_is_a_page(site):
     for page in BUILT:
         assert (site / "notebooks" / f"{page}.html").exists(), page
     assert not list(site.rglob("zz_not_in_the_course*.html"))
+    assert not (site.parent / "jupyter_execute").exists()     # nothing written beside the site
     for page in ("index.html", "search.html", "searchindex.js", ".nojekyll"):
         assert (site / page).exists(), page
     for doc in build_site.reference_pages():

@@ -284,8 +284,10 @@ def build(executed: Path, out: Path, require=(), budgets: Path | None = None) ->
             warnings.simplefilter("ignore", PendingDeprecationWarning)
             status = build_main(["-b", "html", "-q", "-E", "-W", "--keep-going", "-c",
                                  str(CONF_DIR), "-d", str(Path(tmp) / "doctrees"),
-                                 "-w", str(log), str(src), str(out)])
+                                 "-w", str(log), str(src), str(Path(tmp) / "html")])
         problems = log.read_text() if log.exists() else ""
+        if not status:      # built in tmp: myst-nb writes its jupyter_execute/ beside the build
+            shutil.copytree(Path(tmp) / "html", out, dirs_exist_ok=True)
     if status:
         raise ValueError(f"Sphinx failed (exit {status}):\n{problems.replace(str(src), '')}")
     return [out / course.NOTEBOOK_DIR / f"{page}.html" for page in built]
