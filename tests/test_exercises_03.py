@@ -15,7 +15,9 @@ def _best_units(layers: int) -> int:
 
 def test_the_measured_answers_and_the_shape_of_the_curve():
     assert lesson03.best_segments() == 4
-    assert lesson03.peak_moment() == "start of backward"
+    assert lesson03.peak_moment() == "a recompute tooth"       # a first segment longer than the last
+    uniform = lesson03.chain_logs(16, (4,))[4]
+    assert lesson03.moment_of(uniform) == "start of backward"   # uniform segments: no tooth wins
     assert lesson03.sqrt_growth() == pytest.approx(_best_units(64) / _best_units(16))
     assert lesson03.chain_peak_units(16, 6) > lesson03.chain_peak_units(16, 5)   # a step up
     assert lesson03.chain_peak_units(16, 9) == 16            # S > L / 2: no saving at all here
@@ -26,8 +28,8 @@ def test_the_measured_answers_and_the_shape_of_the_curve():
     ("03.best_segments", 4, 1, "last one is long"),
     ("03.best_segments", 4, 12, "L/2"),
     ("03.best_segments", 4, 6, "kept inputs"),
-    ("03.peak_moment", "start of backward", "a recompute tooth", "fewer kept inputs"),
-    ("03.peak_moment", "start of backward", "end of forward", "after the forward"),
+    ("03.peak_moment", "a recompute tooth", "start of backward", "rebuilds 12 blocks"),
+    ("03.peak_moment", "a recompute tooth", "end of forward", "after the forward"),
     ("03.sqrt_growth", _best_units(64) / _best_units(16), 2.0, "continuous estimate"),
     ("03.sqrt_growth", 15 / 7, 4.0, "sqrt(L)"),
 ])

@@ -28,11 +28,22 @@ def test_early_stop_is_shown_as_a_context_manager(path):
             assert re.search(r"\bwith\s+(torch\.utils\.checkpoint\.)?set_checkpoint_early_stop\(", line), line
 
 
+# Terms whose glossary entry gives 01.mixed_adam_bytes' answer: linked after its reveal.
+ANSWERING_ENTRIES = {"mixed precision", "model state"}
+
+
 @pytest.mark.parametrize("term, anchor", [("mixed precision", "mixed-precision"), ("autocast", "autocast"),
                                           ("model state", "model-state"), ("activation", "activation")])
 def test_lesson_1_links_a_term_where_it_first_appears(term, anchor):
-    prose = _cells("01_where_memory_goes", "markdown")[1:]          # after the header
-    first = next(s for s in prose if term in s.lower())
+    """A term is linked where it first appears; one whose glossary entry states the answer of
+    01.mixed_adam_bytes (16 bytes per parameter) where it first appears after that reveal, and
+    not before it (the second review: a link above a question must not answer it)."""
+    cells = nbformat.read(NB / "01_where_memory_goes.ipynb", as_version=4).cells[1:]
+    if term in ANSWERING_ENTRIES:
+        reveal = next(i for i, c in enumerate(cells) if "guess2.reveal()" in c.source)
+        assert not any(f"glossary.md#{anchor}" in c.source for c in cells[:reveal]), f"'{term}' linked above the reveal"
+        cells = cells[reveal:]
+    first = next(c.source for c in cells if c.cell_type == "markdown" and term in c.source.lower())
     assert f"glossary.md#{anchor}" in first, f"'{term}' is used before it is linked"
 
 
@@ -65,4 +76,5 @@ def test_the_peak_at_the_loss_stays_asserted(name):
 def test_lesson_3_asserts_where_the_peak_falls_and_when_the_tail_is_flat():
     code = "\n".join(_cells("03_segments_and_sqrt_l", "code"))
     assert "top.step < spans[0][0]" in code and "max(teeth) < logs[k].peak_bytes" in code
+    assert "boundaries=uneven" in code and "top.step >= spans[0][0]" in code   # a first segment longer than the last
     assert "one-block segments keep what plain keeps" in code and "wide blocks" in code

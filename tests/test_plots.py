@@ -46,6 +46,14 @@ def test_timeline_gives_each_run_a_panel_and_each_phase_one_colour_and_one_legen
         assert max(live[s] for s in range(first, last + 1)) > live[first - 1]
 
 
+def test_timeline_shows_a_later_higher_run_whole():
+    """The panels share their y axis: a run drawn after a lower one is not clipped at its top."""
+    logs = dict(reversed(list(_two_runs().items())))           # the lower, checkpointed run first
+    fig = plots.timeline(logs)
+    top = max(log.peak_bytes for log in logs.values()) / plots.MIB
+    assert all(a.get_ylim()[0] == 0 and a.get_ylim()[1] >= top for a in fig.axes)
+
+
 def test_timeline_draws_into_one_axes_per_run_and_refuses_a_mismatch():
     import matplotlib.pyplot as plt
     logs = _two_runs()

@@ -214,7 +214,7 @@ OUTCOMES = {
                     f"plan, say what {_g('early stop', 'early-stop')} skips, and compare a step's "
                     "time ratio with its FLOP ratio, testing one reason they differ",
     "05_transformers_selective": "list what a transformer block keeps, tensor by tensor, "
-                                 "against Megatron's sbh(34 + 5as/h), checkpoint the "
+                                 "against Megatron's per-layer count, checkpoint the "
                                  f"{_g('attention core', 'attention-core')} alone "
                                  f"({_g('selective recomputation', 'selective-recomputation')}), "
                                  f"see what {_g('fused attention', 'fused-attention')} leaves "

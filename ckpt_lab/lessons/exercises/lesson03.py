@@ -1,6 +1,8 @@
 """Predictions of lesson 3: the best segment count, where a segmented step peaks, and how
-the best peak grows with depth. Each answer is measured with PyTorch's checkpoint_sequential
-on a chain of MLP blocks (512 tokens, width 64), parameter gradients allocated beforehand."""
+the best peak grows with depth. Each answer is measured on a chain of MLP blocks (512 tokens,
+width 64), parameter gradients allocated beforehand: with PyTorch's checkpoint_sequential, and
+for the peak's moment with ckpt_lab's, whose `boundaries` make a first segment longer than the
+last (uniform segments never do)."""
 from __future__ import annotations
 
 import functools
@@ -63,10 +65,29 @@ def moment_of(log) -> str:
     return "start of backward" if not spans or top.step < spans[0][0] else "a recompute tooth"
 
 
+UNEVEN = [0, 12]    # segment starts: a 12-block first segment, checkpointed, and a 4-block last one
+
+
+def uneven_log(layers: int = 16, boundaries=tuple(UNEVEN), width: int = 64, tokens: int = 512):
+    """Measured: the MemoryLog of one step of `layers` MLP blocks under ckpt_lab's
+    checkpoint_sequential with segments starting at `boundaries` (its recompute is labelled)."""
+    from ckpt_lab import checkpoint_sequential
+    from ckpt_lab.memory import track_memory
+    from ckpt_lab.models import MLPBlock
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[MLPBlock(width) for _ in range(layers)])
+    x = torch.randn(tokens, width, requires_grad=True)
+    for p in blocks.parameters():
+        p.grad = torch.zeros_like(p)                 # model state, made before measuring
+    with track_memory() as log:
+        checkpoint_sequential(blocks, x, boundaries=list(boundaries)).sum().backward()
+    return log
+
+
 @functools.lru_cache(maxsize=1)
 def peak_moment() -> str:
-    """Measured: where the 4-segment step of 16 blocks peaks."""
-    return moment_of(chain_logs(16, (4,))[4])
+    """Measured: where the step of 16 blocks in segments starting at UNEVEN peaks."""
+    return moment_of(uneven_log())
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,13 +117,15 @@ def _best(answer):
 
 _moment = one_of(
     MOMENTS, peak_moment,
-    right="the start of backward: the last segment, never checkpointed, runs its backward first "
-          "with every kept input still waiting. Each tooth later rebuilds one segment with fewer "
-          "kept inputs alive.",
+    right="{expected}: rebuilding the 12-block first segment holds 12 blocks' activations at "
+          "once, more than the start of backward holds (1 kept input and the 4-block last "
+          "segment). Uniform segments never give a tooth that wins: none is longer than the last.",
     hints={"end of forward": "Measured: {expected}. Backward adds gradients before it frees "
-                             "anything, so the peak is always after the forward ends."},
-    wrong="Measured: {expected}. A tooth rebuilds one segment, no longer than the last one, "
-          "while fewer kept inputs wait: it climbs less high.")
+                             "anything, so the peak is always after the forward ends.",
+           "start of backward": "Measured: {expected}. Count both moments in blocks: the start "
+                                "of backward holds 1 kept input and the 4-block last segment; "
+                                "the recompute of the first segment rebuilds 12 blocks."},
+    wrong="Measured: {expected}. Count the blocks alive at each moment.")
 
 _growth = near(
     sqrt_growth, 0.02, relative=True,
@@ -115,8 +138,10 @@ _growth = near(
 EXERCISES = [
     Exercise("03.best_segments", "16 blocks Linear -> ReLU with checkpoint_sequential: which "
              "segment count S (1 to 16) gives the least peak?", _best, expected=best_segments),
-    Exercise("03.peak_moment", "The 16 blocks in 4 segments: where in the step is the peak? "
-             "One of 'end of forward', 'start of backward', 'a recompute tooth'.", _moment,
+    Exercise("03.peak_moment", "The 16 blocks with ckpt_lab.checkpoint_sequential(blocks, x, "
+             "boundaries=[0, 12]): a 12-block first segment, checkpointed, and a 4-block last one. "
+             "Where in the step is the peak? One of 'end of forward', 'start of backward', "
+             "'a recompute tooth'.", _moment,
              expected=peak_moment),
     Exercise("03.sqrt_growth", "With the best segment count each time, by what factor does the "
              "peak (in units of one block's activations, without the backward's a + w) grow "

@@ -70,7 +70,7 @@ def conv_net(channels: int = 8, per_scale: int = 3, batch: int = 8, image: int =
 
 def planner_saving() -> float:
     """On the CPU-sized net: the most recompute the planner saves against uniform segments
-    (k = 1..8) within the uniform plan's step peak (the step model, which the lesson checks
+    (S = 1..8 segments) within the uniform plan's step peak (the step model, which the lesson checks
     against the measured peak of every plan), as a fraction."""
     from ckpt_lab import planner
     layers, x, profile = conv_net()
@@ -96,7 +96,7 @@ _planner_saving = near(
 
 
 def fit_question() -> dict:
-    """The plans of exercise 06.which_fit, each with lesson 3's activation-model peak."""
+    """The plans of exercise 06.which_fit, each with the activation model's peak (formulas.segmented_peak_bytes)."""
     from ckpt_lab import planner
     _, _, profile = conv_net()
     act = [p.act_bytes for p in profile]
@@ -175,12 +175,13 @@ _bisection_growth = near(
 
 EXERCISES = [
     Exercise("06.planner_saving", "The lesson's 13-layer net at its CPU sizes: at the step peak "
-             "uniform segments (k = 1..8) measure, the planner's cheapest plan re-runs what "
+             "uniform segments (S = 1..8 segments) measure, the planner's cheapest plan re-runs what "
              "fraction fewer forward FLOPs, at best (0 to 1)?", _planner_saving,
              expected=planner_saving),
     Exercise("06.which_fit", "The 13-layer net at its CPU sizes, plans "
              + ", ".join(f"{n} = {p}" for n, p in FIT_PLANS.items())
-             + f": lesson 3's activation model puts all three under a {FIT_BUDGET / MIB:.2f} MiB "
+             + f": the activation model (kept inputs + last segment, without backward's a + w: "
+             f"formulas.segmented_peak_bytes) puts all three under a {FIT_BUDGET / MIB:.2f} MiB "
              "budget. Which fit when one training step is measured? Give a set of names.",
              _which_fit, expected=which_fit),
     Exercise("06.bisection_growth", "Recursive bisection of identical MLPBlocks: doubling the "

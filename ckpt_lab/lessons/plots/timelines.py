@@ -49,6 +49,7 @@ def timeline(logs: dict[str, MemoryLog], ax=None, title="Live memory during one 
                       lw=1, label=label)
         a.set_title(f"{name} (peak {log.peak_bytes / MIB:.2f} MiB)", fontsize=10)
         a.set_ylabel("live (MiB)")
+    for a in axes:               # after every run is drawn: a limit set earlier would clip a later, higher run
         a.set_ylim(bottom=0)
     return _one_legend(fig, axes, title, first=PHASE_COLORS)
 
