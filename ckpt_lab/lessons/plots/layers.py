@@ -101,7 +101,7 @@ def plan_profile(profile, boundaries, measured: dict, predicted: dict, budget_by
     """Two panels. Left: each layer's saved bytes (bars; recompute orange for layers a
     checkpointed segment will recompute), its output (the marker: what a checkpoint keeps) and
     the plan's segment starts. Right: measured step peaks (bars) per plan, the step model's
-    prediction (line marks), the activation-only model's (dotted marks), the budget."""
+    prediction (line marks), the activation model's (dotted marks), the budget."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6),
                                       gridspec_kw={"width_ratios": [1.6, 1]})
     n, last = len(profile), list(boundaries)[-1]
@@ -125,7 +125,7 @@ def plan_profile(profile, boundaries, measured: dict, predicted: dict, budget_by
                label="step model")
     if activation_only:
         right.plot(names, [activation_only[k] / MIB for k in names], "_", color=MEASURED,
-                   ms=40, mew=2, ls="", label="activation-only model")
+                   ms=40, mew=2, ls="", label="activation model")
     right.axhline(budget_bytes / MIB, color=PREDICTED, ls=":", lw=1, label="budget")
     right.set(title="step peak", ylabel="MiB")
     right.set_ylim(0, 1.35 * max(measured.values()) / MIB)
