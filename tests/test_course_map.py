@@ -51,9 +51,9 @@ def test_every_lesson_gets_a_study_time_and_the_course_lists_them_in_order():
 def test_run_times_come_from_the_test_runs_measurements(tmp_path):
     budgets = tmp_path / "budgets.json"
     budgets.write_text('{"00_tour.ipynb": {"seconds": 4.4}, '
-                       '"solutions/03_segments_and_sqrt_l_solutions.ipynb": {"seconds": 1.2}}')
+                       '"solutions/03_how_many_segments_solutions.ipynb": {"seconds": 1.2}}')
     assert course_map.run_seconds(budgets) == {
-        "00_tour": 4.4, "solutions/03_segments_and_sqrt_l_solutions": 1.2}
+        "00_tour": 4.4, "solutions/03_how_many_segments_solutions": 1.2}
     rows = course_map.lessons(budgets=budgets)
     assert rows[0].run_seconds == 4.4 and rows[1].run_seconds is None
 
@@ -74,7 +74,7 @@ def executed_lesson_with_takeaways():
 
 
 def test_takeaways_are_the_bullets_of_what_you_now_know(tmp_path):
-    path = tmp_path / "03_segments_and_sqrt_l.ipynb"
+    path = tmp_path / "03_how_many_segments.ipynb"
     nbformat.write(executed_lesson_with_takeaways(), path)
     assert course_map.takeaways(course_map.read_notebook(path)) == [
         "the peak is lowest near sqrt(L) [segments](../docs/glossary.md#segment), measured",

@@ -46,7 +46,7 @@ def test_malformed_answers_never_raise(capsys):
 
 def test_each_prediction_sits_under_a_question():
     from exercise_checks import headings_ask
-    headings_ask("03_segments_and_sqrt_l")
+    headings_ask("03_how_many_segments")
 
 
 def _lesson(name):
@@ -62,7 +62,7 @@ def test_in_your_code_searches_the_segments_for_any_a_and_b():
     formulas.optimal_segment_count, which lesson 3 holds to measurement for a = b and a = 5 b."""
     import re
     from ckpt_lab import formulas
-    closing = next(c.source for c in _lesson("03_segments_and_sqrt_l").cells
+    closing = next(c.source for c in _lesson("03_how_many_segments").cells
                    if c.source.startswith("## In your code"))
     code = re.search(r"```python\n(.*?)```", closing, re.S).group(1)
     assert "isqrt(len(blocks))" not in code.replace("isqrt(L) segments", "")
@@ -78,8 +78,8 @@ def test_the_best_count_is_not_given_away_before_it_is_asked():
     """03.best_segments: neither lesson 3's title and header nor the tour says sqrt(L)."""
     import re
     from ckpt_lab.lessons import course
-    assert "sqrt" not in course.LESSONS["03_segments_and_sqrt_l"].lower()
-    header = _lesson("03_segments_and_sqrt_l").cells[0].source
+    assert "sqrt" not in course.LESSONS["03_how_many_segments"].lower()
+    header = _lesson("03_how_many_segments").cells[0].source
     tour = "\n".join(c.source for c in _lesson("00_tour").cells if c.cell_type == "markdown")
     for text in (header, tour):
         words = re.sub(r"\([^()\s]*\)", "", text)             # link targets name the file

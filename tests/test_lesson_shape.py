@@ -47,7 +47,7 @@ def test_every_lesson_and_only_a_lesson_is_held_to_the_form():
     from ckpt_lab.lessons import course
     assert course.LESSONS and all(lesson_shape.held_to_form(f"{name}.ipynb")
                                   for name in course.LESSONS)
-    assert not lesson_shape.held_to_form("solutions/03_segments_and_sqrt_l_solutions.ipynb")
+    assert not lesson_shape.held_to_form("solutions/03_how_many_segments_solutions.ipynb")
     assert not lesson_shape.held_to_form("zz_budget_probe.ipynb")
 
 

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 NB = Path(__file__).resolve().parent.parent / "notebooks"
-LESSONS = ["00_tour", "01_where_memory_goes", "02_checkpointing_from_scratch", "03_segments_and_sqrt_l"]
+LESSONS = ["00_tour", "01_where_memory_goes", "02_checkpointing_from_scratch", "03_how_many_segments"]
 ALL = [NB / f"{n}.ipynb" for n in LESSONS] + sorted((NB / "solutions").glob("0[0-3]_*.ipynb"))
 
 
@@ -63,7 +63,7 @@ def test_lesson_2_gives_the_guards_as_a_table_not_a_paragraph():
 
 
 def test_lesson_3_shows_the_calculus_of_the_optimum():
-    details = [s for s in _cells("03_segments_and_sqrt_l", "markdown") if "<details>" in s and "calculus" in s]
+    details = [s for s in _cells("03_how_many_segments", "markdown") if "<details>" in s and "calculus" in s]
     assert details and "p'(S)" in details[0] and "S^*" in details[0]
 
 
@@ -74,7 +74,7 @@ def test_the_peak_at_the_loss_stays_asserted(name):
 
 
 def test_lesson_3_asserts_where_the_peak_falls_and_when_the_tail_is_flat():
-    code = "\n".join(_cells("03_segments_and_sqrt_l", "code"))
+    code = "\n".join(_cells("03_how_many_segments", "code"))
     assert "top.step < spans[0][0]" in code and "max(teeth) < logs[k].peak_bytes" in code
     assert "boundaries=uneven" in code and "top.step >= spans[0][0]" in code   # a first segment longer than the last
     assert "one-block segments keep what plain keeps" in code and "wide blocks" in code

@@ -88,8 +88,8 @@ def executed_notebook(title="Lesson", widget_state=True, takeaways=True, up=""):
     return nb
 
 
-BUILT = ["00_tour", "01_where_memory_goes", "03_segments_and_sqrt_l",
-         "solutions/03_segments_and_sqrt_l_solutions"]
+BUILT = ["00_tour", "01_where_memory_goes", "03_how_many_segments",
+         "solutions/03_how_many_segments_solutions"]
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +130,8 @@ def test_sidebar_follows_the_course_order_with_solutions_under_their_lesson(site
     nav = page[page.index("bd-docs-nav"):]
     nav = nav[:nav.index("</nav>")]
     links = [h for h in re.findall(r'href="([^"]+)"', nav) if h.endswith(".html")]
-    assert links == ["../index.html", "00_tour.html", "03_segments_and_sqrt_l.html",
-                     "solutions/03_segments_and_sqrt_l_solutions.html",
+    assert links == ["../index.html", "00_tour.html", "03_how_many_segments.html",
+                     "solutions/03_how_many_segments_solutions.html",
                      *[f"../{d[:-3]}.html" for d in build_site.reference_pages()]]
     assert '<p aria-level="2" class="caption" role="heading"><span class="caption-text">Lessons' \
         in nav
@@ -139,11 +139,11 @@ def test_sidebar_follows_the_course_order_with_solutions_under_their_lesson(site
 
 @pytest.mark.parametrize("page, prev, next_", [
     ("notebooks/00_tour.html", "../index.html", "01_where_memory_goes.html"),
-    ("notebooks/01_where_memory_goes.html", "00_tour.html", "03_segments_and_sqrt_l.html"),
-    ("notebooks/03_segments_and_sqrt_l.html", "01_where_memory_goes.html",
-     "solutions/03_segments_and_sqrt_l_solutions.html"),
-    ("notebooks/solutions/03_segments_and_sqrt_l_solutions.html",
-     "../03_segments_and_sqrt_l.html", "../../docs/glossary.html")])
+    ("notebooks/01_where_memory_goes.html", "00_tour.html", "03_how_many_segments.html"),
+    ("notebooks/03_how_many_segments.html", "01_where_memory_goes.html",
+     "solutions/03_how_many_segments_solutions.html"),
+    ("notebooks/solutions/03_how_many_segments_solutions.html",
+     "../03_how_many_segments.html", "../../docs/glossary.html")])
 def test_previous_and_next_links_walk_the_course(site, page, prev, next_):
     html = read(site, page)
     assert re.search(rf'<a class="left-prev"\s+href="{re.escape(prev)}"', html)
@@ -175,7 +175,7 @@ def test_landing_page_has_the_course_map_and_each_lessons_takeaways(site):
     assert "Before you start" in index and "Paths through the course" in index
     positions = [index.index(t) for t in course_map.LESSONS.values()]
     assert positions == sorted(positions)                       # course order
-    assert "a takeaway of 00_tour" in index and "a takeaway of 03_segments_and_sqrt_l" in index
+    assert "a takeaway of 00_tour" in index and "a takeaway of 03_how_many_segments" in index
     assert "not_a_takeaway" not in index
     # the takeaway's glossary link, written from notebooks/, rebased to the landing page
     assert 'href="docs/glossary.html#segment"' in index
@@ -250,7 +250,7 @@ def test_command_line_fails_when_a_required_lesson_was_not_run(tmp_path, capsys)
         build_site.main([str(tmp_path), str(tmp_path / "site"), "--require-all"])
     assert exit_.value.code == 1
     err = capsys.readouterr().err
-    assert "01_where_memory_goes" in err and "solutions/03_segments_and_sqrt_l_solutions" in err
+    assert "01_where_memory_goes" in err and "solutions/03_how_many_segments_solutions" in err
 
 
 def test_a_broken_link_fails_the_build(tmp_path):

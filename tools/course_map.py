@@ -206,7 +206,7 @@ OUTCOMES = {
                                      "exact to PyTorch's bit, name the guard against each "
                                      "silent fault and where PyTorch's checkpoint lacks it, and "
                                      "predict what a checkpoint frees",
-    "03_segments_and_sqrt_l": "predict `checkpoint_sequential`'s peak for any number of "
+    "03_how_many_segments": "predict `checkpoint_sequential`'s peak for any number of "
                               f"{_g('segments', 'segment')} of a {_g('chain', 'chain')}, find the "
                               "best count from what a block keeps and passes on, and when more "
                               "segments save nothing",
@@ -253,7 +253,7 @@ OUTCOMES = {
 # The paths through the course: (name, lessons, who it is for). Every lesson is on one path.
 PATHS = [
     ("The core", ["00_tour", "01_where_memory_goes", "02_checkpointing_from_scratch",
-                  "03_segments_and_sqrt_l", "04_the_price", "05_transformers_selective"],
+                  "03_how_many_segments", "04_the_price", "05_transformers_selective"],
      "for everyone, in order. What training keeps, how checkpointing works, what it saves "
      "and what it costs"),
     ("The practitioner's lessons", ["06_optimal_schedules", "07_combining_techniques",

@@ -42,7 +42,7 @@ class Shape:
 
 
 def held_to_form(name: str) -> bool:
-    """Whether a notebook (its path under notebooks/, e.g. "03_segments_and_sqrt_l.ipynb")
+    """Whether a notebook (its path under notebooks/, e.g. "03_how_many_segments.ipynb")
     keeps the lesson form: every lesson of the course does; solutions and others do not."""
     from ckpt_lab.lessons.course import LESSONS
     return Path(name).with_suffix("").as_posix() in LESSONS

@@ -31,7 +31,7 @@ LESSONS = {
     "00_tour": "A tour: what does activation checkpointing trade?",
     "01_where_memory_goes": "Where does the memory of a training step go?",
     "02_checkpointing_from_scratch": "Checkpointing from scratch: what does it drop, and when is it wrong?",
-    "03_segments_and_sqrt_l": "How many segments should a chain get?",
+    "03_how_many_segments": "How many segments should a chain get?",
     "04_the_price": "What does recomputation cost, in FLOPs and in time?",
     "05_transformers_selective": "Which activations grow with the sequence, and is recomputing only those worth it?",
     "06_optimal_schedules": "Where should the checkpoints go when the layers are not alike?",
@@ -47,8 +47,8 @@ LESSONS = {
 def _notebook(name: str) -> str:
     name = name[:-len(".ipynb")] if name.endswith(".ipynb") else name
     if not name or "/" in name.strip("/").replace("solutions/", "", 1):
-        raise ValueError(f"give a notebook name such as '03_segments_and_sqrt_l' or "
-                         f"'solutions/03_segments_and_sqrt_l_solutions', got {name!r}")
+        raise ValueError(f"give a notebook name such as '03_how_many_segments' or "
+                         f"'solutions/03_how_many_segments_solutions', got {name!r}")
     return name + ".ipynb"
 
 
