@@ -46,9 +46,45 @@ def test_the_price_of_a_hugging_face_switch_has_both_bases():
     assert "+1/3" not in row
 
 
+def test_the_early_stop_price_names_the_mlp_it_holds_for():
+    """+22% holds for a GPT-style 4h MLP (the down projection a third of the block's matmuls);
+    a SwiGLU MLP's down projection is 2/9 of them, so +26% (tests/test_recipes.py counts both)."""
+    from fractions import Fraction
+    row = _row("a Hugging Face model")
+    early, swiglu = "(10**9, 10**6, 2 / 3)", "(10**9, 10**6, 7 / 9)"
+    assert early in row and swiglu in row and "most LLMs" not in row
+    gpt, llama = row.split(swiglu)[0].rsplit("[+22%]", 1)[1], row.split(swiglu)[1]
+    assert "GPT-style `4h` MLP" in gpt and "a third" in gpt
+    assert "SwiGLU" in llama and "2/9" in llama and "lesson 11" in llama
+    h = 3                                                  # the fractions do not depend on h
+    i = Fraction(8 * h, 3)
+    assert 1 - (h * i) / (4 * h * h + 3 * h * i) == Fraction(7, 9)
+    assert 1 - Fraction(4 * h * h, 12 * h * h) == Fraction(2, 3)
+
+
 def test_sqrt_l_comes_with_its_condition():
     row = _row("a chain of layers")
     assert "keeps about what it passes on" in row and "transformer blocks" in row
+
+
+def test_sqrt_l_segments_recompute_all_but_the_last_segment():
+    """checkpoint_sequential does not re-run its last segment: 1 - 1/sqrt(L) of a forward, as
+    recipes.md and lesson 8 say, not one whole forward."""
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint_sequential
+    row = _row("a chain of layers")
+    assert "one more forward of every segment but the last" in row and "1 - 1/sqrt(L)" in row
+    runs = []
+    layers = nn.Sequential(*[nn.Linear(4, 4) for _ in range(16)])
+    for layer in layers:
+        layer.register_forward_hook(lambda m, a, o: runs.append(m))
+    x = torch.randn(2, 4, requires_grad=True)
+    # early stop off: with it, each segment's recompute may also skip a tail its backward
+    # does not need (here each segment's last Linear), never more
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        checkpoint_sequential(layers, 4, x, use_reentrant=False).sum().backward()
+    assert len(runs) - 16 == 12                            # 3/4 of the 16 layers again
 
 
 def test_saving_matmuls_is_free_of_matmuls_not_of_time():

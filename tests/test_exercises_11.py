@@ -20,7 +20,7 @@ def _one(one_thread):
 
 
 def test_keys_are_the_lessons_predictions():
-    assert exercises.keys(11) == ["11.peak_drop", "11.trap_adapters", "11.sdpa_core"]
+    assert exercises.keys(11) == ["11.peak_drop", "11.trap_adapters", "11.manual_core"]
     assert all(exercises.EXERCISES[k].expected is not None for k in exercises.keys(11))
 
 
@@ -44,22 +44,35 @@ def test_trap_adapters_counts_layer_zero_out():
     assert exercises.check("11.trap_adapters", "twenty") is False
 
 
-def test_sdpa_core_frees_only_the_log_sum_exp_rows(capsys):
-    percent = lesson11.sdpa_core_freed_percent()
+def test_manual_core_frees_its_softmax_output_and_mask(capsys):
+    percent, block = lesson11.core_freed_percent("manual"), 661504
+    # worked out independently (B 2, heads 4, T 64, fp32): the softmax output B x heads x T x T
+    # and the causal mask T x T bool, of what the block keeps (formulas.gpt_block_terms)
+    from ckpt_lab import formulas
+    terms = formulas.gpt_block_terms(2, 64, 64, 4, 4, False)
+    freed = terms["softmax output"] + terms["causal mask (~mask, bool)"]
+    assert freed == 2 * 4 * 64 * 64 * 4 + 64 * 64 and sum(terms.values()) == block
+    assert abs(percent - 100 * freed / block) < 1e-9            # 20.4%
+    assert exercises.check("11.manual_core", round(percent)) is True
+    assert exercises.check("11.manual_core", 24) is True
+    assert exercises.check("11.manual_core", 37) is False        # Megatron's 5as/h share, fp16 + dropout
+    assert exercises.check("11.manual_core", 0.4) is False       # SDPA's answer
+    assert exercises.check("11.manual_core", -1) is False
+    out = capsys.readouterr().out
+    assert "Too much" in out and "Too little" in out and "with SDPA" in out
+
+
+def test_sdpa_core_frees_only_the_log_sum_exp_rows():
+    percent = lesson11.core_freed_percent("sdpa")
     # the fused kernel's log-sum-exp, B x heads x T fp32, of what the block keeps
     assert 0 < percent < 1
-    assert exercises.check("11.sdpa_core", round(percent, 1)) is True
-    assert exercises.check("11.sdpa_core", 0) is True
-    assert exercises.check("11.sdpa_core", 20) is False
-    assert exercises.check("11.sdpa_core", -1) is False
-    assert "written-out core" in capsys.readouterr().out
 
 
 def test_predictions_record_then_reveal(capsys):
     guess = exercises.predict("11.trap_adapters", 20)
     assert "prediction recorded" in capsys.readouterr().out
     assert guess.reveal() is True
-    assert exercises.predict("11.sdpa_core", None).reveal() is False
+    assert exercises.predict("11.manual_core", None).reveal() is False
 
 
 def test_in_your_code_budget_line_runs_when_pasted():

@@ -12,7 +12,6 @@ import os
 import re
 from fractions import Fraction
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -135,16 +134,31 @@ def _run(name: str, namespace: dict) -> dict:
     return namespace
 
 
+GPT_PARTS = re.compile(r"# ckpt_lab's GPT: (\S+), (\S+), (\S+);")
+
+
+class _YourModel(nn.Module):
+    """A learner's model with the parts the recipe names (the recipe supplies `forward`)."""
+
+    def __init__(self, embed, blocks, head):
+        super().__init__()
+        self.embed, self.blocks, self.head = embed, nn.ModuleList(blocks), head
+
+
 @pytest.mark.parametrize("name", ["blocks", "selective"])
 def test_block_checkpointing_recipes_give_the_plain_gradients(name):
+    """The recipe's `forward` runs as a real module's method, on the course GPT's parts taken
+    by the expressions the recipe's comment names: a wrong attribute on either side fails."""
     gpt, x, y = _gpt()
     loss, grads = _plain(gpt, x, y)
-    model = SimpleNamespace(embed=gpt.chain[0], blocks=gpt.blocks(), head=gpt.chain[-1],
-                            loss=gpt.loss)
-    ns = _run(name, {"model": model, "idx": x, "targets": y})
-    ns["loss"].backward()
-    assert torch.equal(ns["loss"].detach(), loss)
+    parts = [eval(expr, {"model": gpt}) for expr in GPT_PARTS.search(BLOCKS["blocks"][1]).groups()]
+    forward = _run(name, {})["forward"]
+    model = type("YourModel", (_YourModel,), {"forward": forward})(*parts)
+    out = model(x, y)
+    out.backward()
+    assert torch.equal(out.detach(), loss)
     assert all(torch.equal(a, b) for a, b in zip(_grads(gpt), grads))
+    assert sum(1 for _ in model.parameters()) == sum(1 for _ in gpt.parameters())
 
 
 def test_checkpoint_sequential_recipe():
@@ -198,37 +212,26 @@ def test_hugging_face_recipe_checkpoints_without_the_cache():
     assert all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())
 
 
-class _Blocks(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.GELU())
-                                     for _ in range(3)])
-        self.head = nn.Linear(8, 1)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 def test_fsdp2_recipe_wraps_then_shards_in_one_process(monkeypatch):
     import torch.distributed as dist
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from torch.distributed.fsdp import FSDPModule
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    torch.manual_seed(0)
-    model, x = _Blocks(), torch.randn(4, 8)
-    expected = model(x).detach()
+    from ckpt_lab.lessons import hf
+    model = hf.tiny_model("llama", layers=2, hidden=32, heads=4, kv_heads=2, seq=16)
+    model.config.use_cache = False
+    ids = torch.randint(256, (2, 16), generator=torch.Generator().manual_seed(0))
+    expected = model(input_ids=ids, labels=ids).loss.detach()
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        _run("fsdp", {"model": model})
+        _run("fsdp", {"model": model})          # a real Hugging Face Llama, its own attributes
         assert all(isinstance(b, CheckpointWrapper) and isinstance(b, FSDPModule)
-                   for b in model.blocks)
+                   for b in model.model.layers)
         assert isinstance(model, FSDPModule)
-        out = model(x)
-        out.sum().backward()
-        assert torch.equal(out.detach(), expected)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        assert torch.equal(loss.detach(), expected)
         assert all(p.grad is not None for p in model.parameters())
     finally:
         dist.destroy_process_group()
@@ -280,16 +283,23 @@ def test_alloc_conf_recipe_sets_expandable_segments():
 
 
 def test_chunked_cross_entropy_recipe_is_the_models_loss():
+    """On a real Hugging Face Llama (h: what its final norm receives), and the GPT's final norm
+    the recipe's comment names."""
+    from ckpt_lab.lessons import hf
+    model = hf.tiny_model("llama", layers=2, hidden=32, heads=4, kv_heads=2, seq=16)
+    ids = torch.randint(256, (2, 16), generator=torch.Generator().manual_seed(0))
+    seen = {}
+    model.model.norm.register_forward_hook(lambda m, args, out: seen.update(h=args[0]))
+    logits = model(input_ids=ids, use_cache=False).logits
+    ns = _run("chunked", {"model": model, "h": seen["h"], "targets": ids})
+    torch.testing.assert_close(ns["loss"], F.cross_entropy(logits.flatten(0, 1), ids.flatten()),
+                               rtol=1e-5, atol=1e-7)
     gpt, x, y = _gpt()
-    head = gpt.chain[-1]
     h = x
     for layer in gpt.layers()[:-1]:
         h = layer(h)
-    model = SimpleNamespace(final_norm=head.ln, lm_head=head.out)
-    ns = _run("chunked", {"model": model, "h": h, "targets": y})
-    torch.testing.assert_close(ns["loss"], F.cross_entropy(gpt(x).reshape(-1, 256),
-                                                           y.reshape(-1)),
-                               rtol=1e-5, atol=1e-7)
+    norm = re.search(r"ckpt_lab's GPT: (\S+)\)", BLOCKS["chunked"][1]).group(1)
+    torch.testing.assert_close(eval(norm, {"model": gpt})(h) @ gpt.chain[-1].out.weight.T, gpt(x))
 
 
 # --------------------------------------------------------------- the words around the figures
@@ -299,7 +309,7 @@ def _paragraph(key: str) -> str:
 
 
 GPU = json.loads((ROOT / "benchmarks" / "results" / "gpu" / "gpu_check.json").read_text())
-FULL, EARLY_STOP = "(10**9, 10**6, 1.0)", "(10**9, 10**6, 2 / 3)"
+FULL, EARLY_STOP, SWIGLU = "(10**9, 10**6, 1.0)", "(10**9, 10**6, 2 / 3)", "(10**9, 10**6, 7 / 9)"
 
 
 def test_segments_of_two_blocks_are_named_as_segments_and_re_run_every_block():
@@ -317,9 +327,12 @@ def test_each_price_of_checkpointing_every_block_states_its_condition():
         words = " ".join(paragraph.split())
         if FULL in words:
             assert "with dropout" in words, words[:80]
-        if EARLY_STOP in words:
+        if EARLY_STOP in words or SWIGLU in words:
             assert "early stop" in words and ("no dropout" in words or "without it" in words)
+        if EARLY_STOP in words:        # each figure names the MLP it holds for
+            assert "GPT" in words and SWIGLU in words and "SwiGLU" in words
     assert sum(EARLY_STOP in p for p in TEXT.split("\n\n")) >= 2      # blocks and Hugging Face
+    assert "most LLMs" not in TEXT
 
 
 def test_early_stop_without_dropout_skips_each_blocks_down_projection():
@@ -341,6 +354,30 @@ def test_early_stop_without_dropout_skips_each_blocks_down_projection():
     layer, down = 24 * b * s * h ** 2 + 4 * b * s ** 2 * h, 8 * b * s * h ** 2
     assert step_flops(model, early=False) - plain == n * layer
     assert step_flops(model) - plain == n * (layer - down)
+
+
+def test_early_stop_without_dropout_skips_two_ninths_of_a_swiglu_block():
+    """The 7/9 behind +26%: in a Llama block (SwiGLU, intermediate i = 8h/3, as many key/value
+    heads as heads) the weight matmuls are 2 B s (4 h^2 + 3 h i) = 24 B s h^2 forward and the down
+    projection 2 B s h i of them, two ninths; the recompute of HF's switch skips it. (On CPU,
+    FlopCounterMode counts no FLOPs for SDPA's attention kernel.)"""
+    from torch.utils.flop_counter import FlopCounterMode
+    from ckpt_lab.lessons import hf
+    b, s, h, n = 2, 16, 48, 2
+    model = hf.tiny_model("llama", layers=n, hidden=h, heads=4, kv_heads=4, seq=s)
+    ids = torch.randint(256, (b, s), generator=torch.Generator().manual_seed(0))
+
+    def step_flops():
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        return counter.get_total_flops()
+    plain = step_flops()
+    model.config.use_cache = False
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    i = model.config.intermediate_size
+    layer, down = 2 * b * s * (4 * h * h + 3 * h * i), 2 * b * s * h * i
+    assert i == 8 * h // 3 and Fraction(down, layer) == Fraction(2, 9)
+    assert step_flops() - plain == n * (layer - down)
 
 
 def test_fragmentation_is_what_the_gpu_check_records_not_what_the_json_holds():
