@@ -28,23 +28,38 @@ def test_early_stop_is_shown_as_a_context_manager(path):
             assert re.search(r"\bwith\s+(torch\.utils\.checkpoint\.)?set_checkpoint_early_stop\(", line), line
 
 
-# Terms whose glossary entry gives 01.mixed_adam_bytes' answer: linked after its reveal.
-ANSWERING_ENTRIES = {"mixed precision", "model state"}
+# Terms whose glossary entry gives the answer of a prediction: linked at their first use after its
+# reveal, never above it (the second and third reviews: a link above a question must not answer it).
+# 00.same_losses: "gradients unchanged", "changes no result"; 01.mixed_adam_bytes: 16 bytes per
+# parameter; 02.kept_tensors: kept bytes count the forward's output.
+AFTER_REVEAL = {"00_tour": ("guess2.reveal()", {"checkpointing": "checkpoint", "recompute": "recompute"}),
+                "01_where_memory_goes": ("guess2.reveal()", {"mixed precision": "mixed-precision",
+                                                             "model state": "model-state"}),
+                "02_checkpointing_from_scratch": ("guess.reveal()", {"kept bytes": "kept-bytes"})}
+LINKED = [("00_tour", "activation", "activation"), ("00_tour", "segments", "segment"),
+          ("01_where_memory_goes", "autocast", "autocast"), ("01_where_memory_goes", "activation", "activation")]
 
 
-@pytest.mark.parametrize("term, anchor", [("mixed precision", "mixed-precision"), ("autocast", "autocast"),
-                                          ("model state", "model-state"), ("activation", "activation")])
-def test_lesson_1_links_a_term_where_it_first_appears(term, anchor):
-    """A term is linked where it first appears; one whose glossary entry states the answer of
-    01.mixed_adam_bytes (16 bytes per parameter) where it first appears after that reveal, and
-    not before it (the second review: a link above a question must not answer it)."""
-    cells = nbformat.read(NB / "01_where_memory_goes.ipynb", as_version=4).cells[1:]
-    if term in ANSWERING_ENTRIES:
-        reveal = next(i for i, c in enumerate(cells) if "guess2.reveal()" in c.source)
-        assert not any(f"glossary.md#{anchor}" in c.source for c in cells[:reveal]), f"'{term}' linked above the reveal"
-        cells = cells[reveal:]
+@pytest.mark.parametrize("name, term, anchor", LINKED + [(n, term, a) for n, (_, terms) in AFTER_REVEAL.items()
+                                                         for term, a in terms.items()])
+def test_a_term_is_linked_where_it_first_appears(name, term, anchor):
+    """A term is linked where it first appears; one whose glossary entry states a prediction's
+    answer where it first appears after that reveal, and not before it."""
+    cells = nbformat.read(NB / f"{name}.ipynb", as_version=4).cells[1:]
+    reveal, terms = AFTER_REVEAL.get(name, (None, {}))
+    if term in terms:
+        at = next(i for i, c in enumerate(cells) if reveal in c.source)
+        assert not any(f"glossary.md#{anchor}" in c.source for c in cells[:at]), f"'{term}' linked above the reveal"
+        cells = cells[at:]
     first = next(c.source for c in cells if c.cell_type == "markdown" and term in c.source.lower())
     assert f"glossary.md#{anchor}" in first, f"'{term}' is used before it is linked"
+
+
+def test_the_activation_entry_leaves_01_grows_with_batch_open():
+    """Lessons 0, 1 and 5 link the entry above a prediction: it names no scaling (lesson 1 measures it)."""
+    glossary = (NB.parent / "docs" / "glossary.md").read_text()
+    entry = glossary.split("### Activation\n", 1)[1].split("\n### ", 1)[0]
+    assert "grow" not in entry and "model state" not in entry.lower(), entry
 
 
 def test_lesson_1_defines_the_master_copy_and_leaves_out_what_it_does_not_need():
