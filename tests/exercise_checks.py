@@ -26,6 +26,18 @@ def unanswered_and_malformed(keys, malformed, capsys) -> None:
     assert "not answered yet" in capsys.readouterr().out
 
 
+def in_your_code(name: str) -> str:
+    """The python block of a lesson's closing "In your code" section (e.g. "08_capacity_and_oom")."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{name}.ipynb",
+                       as_version=4)
+    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
+    return re.search(r"```python\n(.*?)```", cell, re.S).group(1)
+
+
 def prediction_headings(name: str) -> dict[str, str]:
     """{exercise key: the heading of the section that asks it} for a lesson (e.g. "00_tour");
     a prediction asked before the first section heading belongs to the lesson's title."""

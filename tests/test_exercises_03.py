@@ -5,7 +5,7 @@ from ckpt_lab import formulas
 from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons.exercises import lesson03
 
-from exercise_checks import right_then_wrong
+from exercise_checks import in_your_code, right_then_wrong
 
 
 def _best_units(layers: int) -> int:
@@ -62,9 +62,7 @@ def test_in_your_code_searches_the_segments_for_any_a_and_b():
     formulas.optimal_segment_count, which lesson 3 holds to measurement for a = b and a = 5 b."""
     import re
     from ckpt_lab import formulas
-    closing = next(c.source for c in _lesson("03_how_many_segments").cells
-                   if c.source.startswith("## In your code"))
-    code = re.search(r"```python\n(.*?)```", closing, re.S).group(1)
+    code = in_your_code("03_how_many_segments")
     assert "isqrt(len(blocks))" not in code.replace("isqrt(L) segments", "")
     scope = {}
     exec(re.search(r"^def peak.*?\n(?:    .*\n)+", code, re.M).group(0), scope)

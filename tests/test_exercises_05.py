@@ -10,7 +10,7 @@ from ckpt_lab.lessons import saved as saved_terms
 from ckpt_lab.lessons.exercises import lesson05
 from ckpt_lab.models import Block, GPTConfig
 
-from exercise_checks import judge, unanswered_and_malformed
+from exercise_checks import in_your_code, judge, unanswered_and_malformed
 
 B, S, H, A = lesson05.BATCH, lesson05.SEQ, lesson05.HIDDEN, lesson05.HEADS
 
@@ -74,23 +74,12 @@ def test_the_mapping_covers_every_term_of_both_formulas():
     assert "34 + 5 · as/h" in table and table.count("\n") == len(ours) + 2
 
 
-def _in_your_code(lesson: str) -> str:
-    """The python block of a lesson's closing "In your code" section."""
-    import re
-    from pathlib import Path
-
-    import nbformat
-    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / f"{lesson}.ipynb", as_version=4)
-    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
-    return re.search(r"```python\n(.*?)```", cell, re.S).group(1)
-
-
 def test_in_your_code_chunked_loss_is_cross_entropy_with_padding():
     """The copyable chunked loss is F.cross_entropy's mean, value and gradients, when some
     targets are padding (-100) and the chunks are unequal: a mean over len(t) would be wrong."""
     import torch.nn.functional as F
     space = {}
-    exec(_in_your_code("05_transformers_selective"), space)
+    exec(in_your_code("05_transformers_selective"), space)
     torch.manual_seed(0)
     h = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
     W = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)

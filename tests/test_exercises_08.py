@@ -8,7 +8,7 @@ from ckpt_lab import capacity, fallback, formulas
 from ckpt_lab.lessons import exercises
 from ckpt_lab.models import build_model
 
-from exercise_checks import judge, unanswered_and_malformed
+from exercise_checks import in_your_code, judge, unanswered_and_malformed
 
 
 def test_only_the_7b_fits_one_141gb_gpu_by_its_state():
@@ -74,14 +74,9 @@ def test_in_your_code_oom_ladder_retries_clean(monkeypatch):
     """Lesson 8's copyable OOM loop: the allocator setting comes before `import torch`; a retry
     starts from empty gradients (an OOM mid-accumulation leaves partial sums in .grad), and the
     cache is emptied outside the except block (whose traceback holds the failed step's tensors)."""
-    import re
     import sys
-    from pathlib import Path
 
-    import nbformat
-    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "08_capacity_and_oom.ipynb", as_version=4)
-    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
-    code = re.search(r"```python\n(.*?)```", cell, re.S).group(1)
+    code = in_your_code("08_capacity_and_oom")
     assert code.index("PYTORCH_CUDA_ALLOC_CONF") < code.index("import torch")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")            # restored after the test
     emptied = []
@@ -110,13 +105,7 @@ def test_in_your_code_oom_ladder_retries_clean(monkeypatch):
 
 def test_in_your_code_oom_ladder_raises_when_no_rung_fits():
     """The copied loop must not fall through as if a step had trained when every rung fails."""
-    import re
-    from pathlib import Path
-
-    import nbformat
-    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "08_capacity_and_oom.ipynb", as_version=4)
-    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
-    code = re.search(r"```python\n(.*?)```", cell, re.S).group(1).replace(
+    code = in_your_code("08_capacity_and_oom").replace(
         'os.environ["PYTORCH_CUDA_ALLOC_CONF"]', "_unused")            # leave the environment alone
 
     def train_step(cfg):

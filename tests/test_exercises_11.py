@@ -78,16 +78,11 @@ def test_predictions_record_then_reveal(capsys):
 def test_in_your_code_budget_line_runs_when_pasted():
     """Lesson 11's copyable block sets the compile budget; pasted into a fresh interpreter, its
     imports must make torch._functorch.config reachable (bare `import torch` does not)."""
-    import re
     import subprocess
     import sys
-    from pathlib import Path
 
-    import nbformat
-    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "11_checkpointing_in_your_stack.ipynb",
-                       as_version=4)
-    cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
-    code = re.search(r"```python\n(.*?)```", cell, re.S).group(1)
+    from exercise_checks import in_your_code
+    code = in_your_code("11_checkpointing_in_your_stack")
     lines = [line for line in code.splitlines()
              if line.startswith(("import ", "from ", "torch._functorch.config."))]
     assert any(line.startswith("torch._functorch.config.activation_memory_budget") for line in lines)
