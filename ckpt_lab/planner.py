@@ -355,12 +355,12 @@ class _Step(_Searches):
     """A profile's per-layer pieces, and the step peak they add up to for given segments."""
 
     def __init__(self, profile, cost=None):
-        profile = list(profile)
+        profile, cost = list(profile), None if cost is None else list(cost)
         if not profile:
             raise ValueError("the profile is empty; give one LayerProfile per layer")
-        if cost is not None and len(list(cost)) != len(profile):
+        if cost is not None and len(cost) != len(profile):
             raise ValueError(f"fwd_cost must have one entry per layer of the profile; got "
-                             f"{len(list(cost))} for {len(profile)} layers")
+                             f"{len(cost)} for {len(profile)} layers")
         for i, p in enumerate(profile):
             missing = [f for f in _STEP_FIELDS if getattr(p, f, None) is None]
             if missing:

@@ -295,6 +295,10 @@ def test_a_profile_plans_on_the_cost_it_is_given():
             [(q.boundaries, q.recompute_cost) for q in planner.pareto_front(as_seconds)]
         assert planner.evaluate_plan([0], prof, fwd_cost=flops).recompute_cost == 0
     assert checked > 10                              # the cost given changed the plan's cost
+    as_list = planner.optimal_segments(prof, 10**9, fwd_cost=flops)
+    as_iterator = planner.optimal_segments(prof, 10**9, fwd_cost=iter(flops))   # read once
+    assert (as_iterator.boundaries, as_iterator.recompute_cost) == \
+        (as_list.boundaries, as_list.recompute_cost)
     with pytest.raises(ValueError, match="one entry per layer"):
         planner.optimal_segments(prof, 10**9, fwd_cost=[1])
     with pytest.raises(ValueError, match="no out_bytes"):
