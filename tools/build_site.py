@@ -40,7 +40,7 @@ import course_map  # noqa: E402
 course = course_map.course
 ROOT = course_map.ROOT
 CONF_DIR = Path(__file__).resolve().parent / "site"
-DOCS = ["docs/glossary.md", "docs/decision_guide.md", "docs/architecture.md", "docs/recipes.md"]
+DOCS = ["docs/glossary.md", "docs/notation.md", "docs/decision_guide.md", "docs/architecture.md", "docs/recipes.md"]
 OPTIONAL_DOCS = {"docs/recipes.md"}     # written by another part of the course; may be absent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
