@@ -1,6 +1,6 @@
 """A compiled training step with checkpointing: ckpt_lab's, PyTorch's, and compile's own.
 
-One small GPT from ``ckpt_lab.models``, every block checkpointed, under ``torch.compile``:
+One small GPT from ``ckpt_lab.training.models``, every block checkpointed, under ``torch.compile``:
 
 * ``plain_eager`` / ``plain_compiled``: no checkpoint, without and with compile;
 * ``torch_checkpoint_compiled``: ``torch.utils.checkpoint(..., use_reentrant=False)`` per block
@@ -16,7 +16,7 @@ For each, measured by ``ckpt_lab.lessons.compiled.compare`` (lesson 11 measures 
 steps with the same function): the first step's time (compiling included), the median step
 time over paired repeats in a rotating order after warm-up steps (a graph break can recompile
 once), the bytes a forward leaves for the backward and the peak of a step, from the
-allocator's events (``ckpt_lab.allocator.profiled_memory``: compiled code runs eagerly under
+allocator's events (``ckpt_lab.measure.allocator.profiled_memory``: compiled code runs eagerly under
 ``track_memory``'s dispatch mode, so that tracker cannot measure it), and how many graphs and
 graph breaks Dynamo made. On CPU the backend is ``aot_eager_decomp_partition`` (the same decompositions and
 min-cut partitioner as inductor, run eagerly: inductor's C++ compile takes ~45 s a variant on
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ckpt_lab.lessons import compiled
-from ckpt_lab.models import build_model, get_config
+from ckpt_lab.training.models import build_model, get_config
 
 OUT = Path(__file__).parent / "results" / "compile.json"
 

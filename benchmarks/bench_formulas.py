@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from ckpt_lab import formulas, track_memory
-from ckpt_lab.models import GPTConfig, MLPConfig, build_model
-from ckpt_lab.planner import uniform_plan
+from ckpt_lab.training.models import GPTConfig, MLPConfig, build_model
+from ckpt_lab.plan.planner import uniform_plan
 
 OUT = Path(__file__).parent / "results" / "formulas.json"
 VOCAB = 256

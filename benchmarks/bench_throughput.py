@@ -1,7 +1,7 @@
 """Throughput at equal global batch: checkpointing a larger micro-batch against accumulation.
 
 For the course's GPT at a fixed global batch (rows, hence tokens, per optimizer step) and a
-memory budget, `ckpt_lab.throughput.budget_setups` picks the setups that fit: no checkpoint at
+memory budget, `ckpt_lab.training.throughput.budget_setups` picks the setups that fit: no checkpoint at
 the largest micro-batch that fits (with accumulation up to the global batch) and at a smaller
 one, full checkpointing at the largest micro-batch it allows and at no checkpoint's,
 selective recomputation at its largest, and for reference no checkpoint at checkpointing's
@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_losses import threads_set
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
-from ckpt_lab.throughput import budget_setups, measure_throughput, step_peak_bytes
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab.training.throughput import budget_setups, measure_throughput, step_peak_bytes
 
 OUT = Path(__file__).parent / "results" / "throughput.json"
 

@@ -44,10 +44,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ckpt_lab import checkpoint, track_memory
-from ckpt_lab.timing import forward_share
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
-from ckpt_lab.selective import save_matmuls
+from ckpt_lab.measure.timing import forward_share
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab.checkpoint.selective import save_matmuls
 
 OUT = Path(__file__).parent / "results" / "train.json"
 TORCH_SAC = "(torch SAC)"
@@ -144,7 +144,7 @@ def _op_seconds(model, x, y, repeats: int = 5) -> dict[str, float]:
 
 
 def _rerun_share(model, x, y, modules, repeats: int) -> float:
-    """The share of a plain step spent in the forward of `modules` (`ckpt_lab.timing.forward_share`)."""
+    """The share of a plain step spent in the forward of `modules` (`ckpt_lab.measure.timing.forward_share`)."""
     def step():
         model(x, y).backward()
         model.zero_grad(set_to_none=True)

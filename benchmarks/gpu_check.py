@@ -44,10 +44,10 @@ from pathlib import Path
 import torch
 
 from ckpt_lab import track_memory
-from ckpt_lab.data import ImageBatches, TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
-from ckpt_lab.offload import offload_activations
-from ckpt_lab.train import train
+from ckpt_lab.training.data import ImageBatches, TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab.checkpoint.offload import offload_activations
+from ckpt_lab.training.loop import train
 
 OUT = Path(__file__).parent / "results" / "gpu" / "gpu_check.json"
 

@@ -9,9 +9,9 @@ import argparse
 import os
 import sys
 
-from .capacity import (ARCHITECTURES, DEFAULT_HEADROOM, TransformerConfig, parse_bytes,
+from .plan.capacity import (ARCHITECTURES, DEFAULT_HEADROOM, TransformerConfig, parse_bytes,
                        plan_table)
-from .formulas import ATTENTIONS, MLPS, OPTIMIZERS, PRECISIONS, STYLES
+from .plan.formulas import ATTENTIONS, MLPS, OPTIMIZERS, PRECISIONS, STYLES
 
 SHAPE = ("layers", "hidden", "heads", "seq")
 

@@ -24,7 +24,7 @@ xdist() { [ "${1:-1}" -gt 1 ] && echo "-p xdist -n $1 --dist loadfile"; }
 # Unit tests and lessons run side by side. Unit tests: everything but the browser test (no Chromium on a GPU box).
 timeout -s INT -k 20 "${TESTS_TIMEOUT:-1800}" \
 $PY -m pytest -v -o addopts="" -p no:cacheprovider $(xdist "${PYTEST_WORKERS:-1}") \
-    --ignore=tests/test_browser.py --junitxml="$OUT/tests.xml" tests > "$OUT/tests.log" 2>&1 &
+    --ignore=tests/lessons/test_browser.py --junitxml="$OUT/tests.xml" tests > "$OUT/tests.log" 2>&1 &
 # Lessons at GPU sizes. The kernel of a CUDA process holds the CUDA libraries in RAM, so the
 # resident-memory budget (sized for Binder's CPU kernels) is lifted here; time stays bounded.
 CKPT_LAB_NB_BUDGET_MIB=${CKPT_LAB_NB_BUDGET_MIB:-65536} \

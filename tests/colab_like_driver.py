@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import ckpt_lab
-from ckpt_lab import data
+from ckpt_lab.training import data
 from ckpt_lab.lessons import widgets
 
 report = {"ipywidgets": ipywidgets.__version__, "ckpt_lab_file": ckpt_lab.__file__,
@@ -41,8 +41,8 @@ plan = widgets.plan_explorer(chain, torch.randn(64, 16), budget_fraction=1.0)
 drive("plan_explorer", plan, "budget", plan.sliders["budget"].min, "peak_bytes")
 report["all_explorers"] = sorted(n for n in dir(widgets) if n.endswith("_explorer"))
 
-# `python -m ckpt_lab.data` writes where it is run, never into site-packages
-subprocess.run([sys.executable, "-m", "ckpt_lab.data", "--max-bytes", "20000"], check=True,
+# `python -m ckpt_lab.training.data` writes where it is run, never into site-packages
+subprocess.run([sys.executable, "-m", "ckpt_lab.training.data", "--max-bytes", "20000"], check=True,
                capture_output=True)
 report["data_cli_wrote"] = sorted(p.name for p in Path.cwd().iterdir())
 report["package_files"] = sorted(p.name for p in Path(ckpt_lab.__file__).parent.rglob("*.txt"))

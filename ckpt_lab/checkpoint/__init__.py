@@ -1,21 +1,12 @@
 """Activation checkpointing written from scratch, in the two designs PyTorch has used.
 
-Read it top to bottom. First the two designs, each in its minimal form (about 25 lines):
-
-1. ``MinimalReentrant`` (PyTorch's ``use_reentrant=True``): an ``autograd.Function`` runs the
-   function under ``no_grad``, so nothing inside is saved, and keeps only its input. Its
-   backward re-runs the function with grad enabled and back-propagates through that fresh
-   graph: the autograd engine re-entered from inside itself.
-2. ``minimal_hooks`` (``use_reentrant=False``): the function runs normally, but under
-   ``saved_tensors_hooks`` whose pack hook lets autograd store a small handle instead of each
-   tensor it wants to save. The first unpack in backward re-runs the function and hands the
-   recomputed tensors to the original graph, in the order they were saved.
-
+The two designs at their smallest are in `minimal` (``MinimalReentrant``, PyTorch's
+``use_reentrant=True``; ``minimal_hooks``, ``use_reentrant=False``); read them first.
 Both are exact for a deterministic function that nobody modifies in place. Everything else a
 real checkpoint must guard against, each a silent wrong gradient otherwise (most of them in
-``torch.utils.checkpoint`` too: ``ckpt_lab/lessons/correctness.py`` is the catalogue, with
+``torch.utils.checkpoint`` too: ``ckpt_lab/checkpoint/cases.py`` is the catalogue, with
 each design's outcome), is layered on top, each guard in a module named for it, and assembled
-in ``ckpt_lab.checkpoint_reentrant`` and ``ckpt_lab.checkpoint_hooks``; ``checkpoint`` below
+in ``ckpt_lab.checkpoint.reentrant`` and ``ckpt_lab.checkpoint.hooks``; ``checkpoint`` below
 picks one and hands it the guards of the call:
 
 * RNG (``replay``): the generators of the CPU and of every CUDA device found in the arguments
@@ -29,7 +20,7 @@ picks one and hands it the guards of the call:
   (``nn.TransformerEncoder``'s and ``nn.MultiheadAttention``'s fast paths in eval) takes the
   same branch in forward and recompute. (Under ``no_grad`` the forward took the fast path and
   the recompute the slow one: PyTorch's reentrant checkpoint is wrong there.)
-* module state (``module_state``; found by ``reach.modules_of``): the modules the function uses
+* module state (``module_state``; found by ``hidden_inputs.modules_of``): the modules the function uses
   (the function itself, its ``self``, its closure, a ``partial``'s arguments, the globals it
   reads, its arguments, and modules held in lists, tuples, dicts and plain objects' attributes
   among those) have their parameters and buffers recorded when the forward starts. A buffer the
@@ -43,7 +34,7 @@ picks one and hands it the guards of the call:
   an inplace operation"); a checkpoint saves no tensor for autograd to check, so it checks by
   itself: its tensor arguments (positional, keyword, nested), the parameters of the modules
   above, every leaf tensor requiring grad that the forward's graph reaches
-  (``reach.graph_leaves``: a parameter however the function found it, e.g.
+  (``hidden_inputs.graph_leaves``: a parameter however the function found it, e.g.
   ``partial(F.linear, weight=w)``), and every tensor the function saved, through a
   storage-less alias that shares the tensor's version counter (``guards.probe``). An optimizer
   step before backward is refused in both designs. Not seen: a captured tensor that needs no
@@ -92,7 +83,7 @@ picks one and hands it the guards of the call:
   ``benchmarks/bench_compile.py`` measures what the eager region costs against PyTorch's
   checkpoint, which Dynamo compiles as a higher-order op.
 
-What no checkpoint can make exact (``tests/test_checkpoint_limits.py`` shows each; with
+What no checkpoint can make exact (``tests/checkpoint/test_checkpoint_limits.py`` shows each; with
 ``determinism_check="fingerprint"`` ckpt_lab refuses them):
 
 * a custom ``torch.Generator`` that the function reaches by itself (a global, a closure, a
@@ -140,68 +131,20 @@ import torch
 from torch import nn
 
 from .arguments import named_leaves
-from .checkpoint_hooks import checkpoint_hooks
-from .checkpoint_reentrant import checkpoint_reentrant
-from .errors import CheckpointError  # noqa: F401  (ckpt_lab.checkpoint.CheckpointError)
+from .guards import CheckpointError  # noqa: F401  (ckpt_lab.checkpoint.CheckpointError)
 from .guards import Guards, Versions
+from .hidden_inputs import modules_of
+from .hooks import checkpoint_hooks
+from .minimal import MinimalReentrant, minimal_hooks, minimal_reentrant  # noqa: F401
 from .module_state import ModuleState
-from .reach import modules_of
+from .reentrant import checkpoint_reentrant
 from .replay import Replay
 from .selective import SelectiveFunction
 
 IMPLS = ("hooks", "reentrant")
 
 
-# ============================================================== 1. the two designs, minimal
-class MinimalReentrant(torch.autograd.Function):
-    """Design 1: forward without a graph; backward re-runs ``fn`` with one and differentiates."""
-
-    @staticmethod
-    def forward(ctx, fn, x):
-        ctx.fn = fn
-        ctx.save_for_backward(x)                  # the only tensor kept
-        with torch.no_grad():                     # so nothing inside fn is saved
-            return fn(x)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        x = x.detach().requires_grad_(True)       # a fresh leaf to build the graph from
-        with torch.enable_grad():
-            out = ctx.fn(x)                       # the recompute
-        torch.autograd.backward(out, grad_out)    # parameters inside get their .grad here
-        return None, x.grad
-
-
-def minimal_reentrant(fn, x):
-    """``fn(x)`` keeping only ``x``: the reentrant design at its smallest."""
-    return MinimalReentrant.apply(fn, x)
-
-
-def minimal_hooks(fn, x):
-    """``fn(x)`` keeping only ``x``: the saved-tensor-hooks design at its smallest."""
-    recomputed = {}                               # handle -> tensor, filled by the recompute
-    count = 0
-
-    def pack(tensor):                             # forward: autograd keeps an int instead
-        nonlocal count
-        count += 1
-        return count - 1
-
-    def unpack(handle):                           # backward: the first call re-runs fn
-        if not recomputed:
-            again = []
-            with torch.autograd.graph.saved_tensors_hooks(
-                    lambda t: again.append(t.detach()), lambda _: None), torch.enable_grad():
-                fn(x.detach().requires_grad_(x.requires_grad))
-            recomputed.update(enumerate(again))   # saved in the same order as the forward
-        return recomputed.pop(handle)             # popped: freed once backward has used it
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        return fn(x)
-
-
-# ================================================ 2. the full checkpoint: guards, then a design
+# ==================================================== the full checkpoint: guards, then a design
 _TORCH_ONLY = {
     "use_reentrant": "ckpt_lab calls it impl: impl='reentrant' or impl='hooks'",
     "debug": "not supported; run the function without checkpoint to debug it",
@@ -237,7 +180,7 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
 
     ``impl`` picks the design (``"hooks"``, the default, or ``"reentrant"``).
     ``preserve_rng_state`` replays the random generators so dropout draws the same mask.
-    ``policy`` (selective checkpointing, see ``ckpt_lab.selective``) keeps the outputs of the
+    ``policy`` (selective checkpointing, see ``ckpt_lab.checkpoint.selective``) keeps the outputs of the
     operations it chooses instead of recomputing them: a callable ``policy(op, *args,
     **kwargs) -> bool``, a collection of ATen ops, or a name such as ``"save_matmuls"``.
     ``context_fn`` is PyTorch's: a callable returning the (forward, recompute) context
@@ -284,7 +227,7 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
     return checkpoint_reentrant(fn, args, kwargs, guards, forward_context)
 
 
-# ================================================================== 3. chains of layers
+# ===================================================================== chains of layers
 def segment_starts(num_layers: int, segments: int | None = None,
                    boundaries=None) -> list[int]:
     """Validated segment starts (beginning with 0) from a segment count or explicit starts."""

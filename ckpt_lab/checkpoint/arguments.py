@@ -2,11 +2,11 @@
 
 A checkpointed function may take tensors, modules and generators nested in lists, tuples and
 dicts, and may return tensors so nested. `named_leaves` names each one found in the arguments
-(for the version checks' messages and the module search of `reach`); `flatten` and `unflatten`
+(for the version checks' messages and the module search of `hidden_inputs`); `flatten` and `unflatten`
 turn arguments and outputs into flat lists and back, so each tensor in them is connected to the
 graph; `fresh_input` gives the recompute its own leaf of an input. Both designs
 (`checkpoint_hooks`, `checkpoint_reentrant`) use them; `tensors_in`, the tensors of a nested
-argument list in order, serves `modules` and `module_step`, which watch blocks' arguments.
+argument list in order, serves `wrap` and `plan.recorded_step`, which watch blocks' arguments.
 """
 from __future__ import annotations
 

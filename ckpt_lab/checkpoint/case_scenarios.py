@@ -1,4 +1,4 @@
-"""The scenarios of the correctness catalogue (`ckpt_lab.lessons.correctness`): how each case
+"""The scenarios of the correctness catalogue (`ckpt_lab.checkpoint.cases`): how each case
 builds fresh state, runs one forward and backward through a wrapper ``wrap(fn, *args)`` (plain
 autograd, or a checkpoint design) and returns what it is judged on, gradients, and the module
 state where the case is about state. Grouped by class: 0 lesson 2's six faults, then classes

@@ -1,11 +1,11 @@
 """The correctness catalogue: every case where a checkpoint can return other gradients than
 plain autograd without a word, run through plain autograd, PyTorch's two designs and
-ckpt_lab's two. Lesson 2 draws its grid from it; ``tests/test_checkpoint_adversarial.py``
+ckpt_lab's two. Lesson 2 draws its grid from it; ``tests/checkpoint/test_checkpoint_adversarial.py``
 holds ckpt_lab to it and pins PyTorch's outcomes.
 
 A case builds fresh state, runs one forward and backward through a wrapper ``wrap(fn, *args)``
 and returns what it is judged on: gradients, and the module state where the case is about
-state. The scenarios themselves are in `ckpt_lab.lessons.fault_cases`; this file is their
+state. The scenarios themselves are in `ckpt_lab.checkpoint.case_scenarios`; this file is their
 catalogue (`CASES`, with each design's outcome) and the code that runs a case under every
 design. `outcome` compares one design with plain autograd, bitwise (CPU fp32):
 
@@ -32,8 +32,8 @@ from typing import Callable
 import torch
 import torch.utils.checkpoint as tuc
 
-from ckpt_lab import checkpoint
-from ckpt_lab.lessons import fault_cases as fc
+from . import checkpoint
+from . import case_scenarios as fc
 
 RIGHT, WRONG, REFUSES = "right", "WRONG, silently", "refuses"
 DESIGNS = ("torch non-reentrant", "torch reentrant", "ckpt_lab hooks", "ckpt_lab reentrant")

@@ -4,7 +4,7 @@
 of every output) in the forward and again in the recompute; a difference raises
 `CheckpointError` naming the tensor and the operation that made it. It sees what the other
 checks (`guards`) cannot: a generator the function finds by itself, another thread drawing from
-the global one, state of a module `reach` misses, ``p.data`` edits, nondeterministic kernels.
+the global one, state of a module `hidden_inputs` misses, ``p.data`` edits, nondeterministic kernels.
 It costs about 10% of a step with ``impl="hooks"`` (measured in the docstring of
 `ckpt_lab.checkpoint`), so it is off by default.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .guards import CheckpointError
 
 
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

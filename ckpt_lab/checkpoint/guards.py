@@ -8,14 +8,21 @@ first; nothing in autograd checks that claim. These do, each a silent wrong grad
 * versions: plain autograd refuses a saved tensor modified in place ("modified by an inplace
   operation"); a checkpoint saves no tensor for autograd to check, so `Versions` checks by
   itself the tensor arguments, the parameters of the function's modules and every leaf its
-  graph reached (`reach.graph_leaves`), and each saved tensor through a storage-less alias
+  graph reached (`hidden_inputs.graph_leaves`), and each saved tensor through a storage-less alias
   sharing its version counter (`probe`). An optimizer step before backward is refused.
+* holders: under saved-tensor hooks autograd stores whatever the pack hook returns; a
+  checkpoint returns a `Holder`, empty until the recompute fills it with the tensor that was
+  saved and emptied again once backward has used it, so the activation lives only between the
+  two. Beside it the forward notes a `Saved` record (the holder, by weak reference; the
+  tensor's metadata, version and fingerprint; whether it is a parameter) that the checks
+  compare the recompute against. The reentrant design keeps records only, for their probes.
 * `Guards` bundles what one call checks and replays (the generators and autocast, `replay`;
   the module state, `module_state`; ``context_fn``'s recompute context; whether to compare
   fingerprints, `fingerprint`), shared by both designs: `Guards.check` before a recompute,
   `Guards.recomputing` around it.
 
-The messages name the tensor (`describe`) and the operation (`op_name`), and say what to do.
+Every check refuses with `CheckpointError` (``ckpt_lab.CheckpointError``), naming the tensor
+(`describe`) and the operation (`op_name`), and saying what to do.
 """
 from __future__ import annotations
 
@@ -26,10 +33,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import CheckpointError
-from .memory import phase
-from .module_state import ModuleState
-from .replay import Replay
+from ..measure.memory import phase
+
+
+class CheckpointError(RuntimeError):
+    """The recomputation would not reproduce the forward, so gradients would be wrong."""
 
 
 # ------------------------------------------------------------------------------- messages
@@ -149,14 +157,42 @@ def _modified_saved_tensor(i: int, shape, dtype, now: int, then: int) -> Checkpo
         "do not change it between the forward and the backward.")
 
 
+# --------------------------------------------------------------------------------- holders
+class Holder:
+    """What autograd stores in place of a saved tensor: filled by a recompute."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self):
+        self.tensor = None
+
+
+class Saved:
+    """What the forward recorded about one saved tensor: its holder, metadata and version (and,
+    in the hooks design, its fingerprint, and which leaf it is if it is a parameter)."""
+
+    __slots__ = ("holder", "meta", "requires_grad", "probe", "version", "digest", "leaf")
+
+    def __init__(self, holder: Holder, t: torch.Tensor, digest=None, leaf=None):
+        self.holder = weakref.ref(holder)         # dead once autograd no longer needs it
+        self.meta, self.requires_grad = meta_of(t), t.requires_grad
+        self.probe, self.version = probe(t), t._version
+        self.digest, self.leaf = digest, leaf
+
+    def edited(self) -> bool:
+        """Modified in place since it was saved, while autograd still needs it."""
+        return (self.probe is not None and self.probe._version != self.version
+                and self.holder() is not None)
+
+
 # ---------------------------------------------------------------------- one call's guards
 @dataclass
 class Guards:
     """Everything one call checks and replays, shared by both designs."""
 
-    replay: Replay
+    replay: object                   # replay.Replay: the generators and autocast
     versions: Versions
-    state: ModuleState
+    state: object                    # module_state.ModuleState: the modules' state
     recompute_context: object        # context_fn's second context manager (or None)
     fingerprint: bool                # determinism_check="fingerprint"
 

@@ -7,7 +7,7 @@ takes them as inputs). Neither is in the argument list in general:
 * `modules_of` searches before the forward: the function itself, its ``self``, its closure, a
   ``partial``'s arguments, the globals it reads, its arguments, and modules held in lists,
   tuples, dicts and plain objects' attributes among those (one plain object deep). A module
-  held deeper, or in a global dict, is not found (``tests/test_checkpoint_limits.py``).
+  held deeper, or in a global dict, is not found (``tests/checkpoint/test_checkpoint_limits.py``).
 * `graph_leaves` walks the graph the forward built, after it: every leaf tensor requiring grad
   that it reaches, however the function found it (``partial(F.linear, weight=w)``), and the
   nodes older than the forward that are the history of a tensor it captured.

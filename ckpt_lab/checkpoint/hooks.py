@@ -1,7 +1,7 @@
 """The saved-tensor-hooks design (``impl="hooks"``) in full: `minimal_hooks` with every guard.
 
 The function runs normally under ``saved_tensors_hooks`` whose pack hook hands autograd a
-`holders.Holder` for each tensor it saves, noting a `holders.Saved` record beside it. The first
+`guards.Holder` for each tensor it saves, noting a `guards.Saved` record beside it. The first
 unpack in backward checks (`guards`), re-runs the function under the forward's generators,
 autocast and module state, compares each recomputed saved tensor with the forward's record
 (metadata; with ``determinism_check="fingerprint"`` its bits; a parameter must be the same
@@ -9,7 +9,7 @@ object), fills the holders in save order, and stops as soon as the last one is f
 (`early_stop`). The checkpoint's own inputs are saved through whatever hooks are active
 (`_SaveInputs`), so a checkpoint inside a checkpoint frees them too: what makes
 ``checkpoint_recursive`` O(log L). After the forward the graph it built says which parameters
-it read (`reach.graph_leaves`), and their versions are checked too.
+it read (`hidden_inputs.graph_leaves`), and their versions are checked too.
 """
 from __future__ import annotations
 
@@ -21,12 +21,11 @@ from torch import nn
 
 from .arguments import TENSOR, flatten, fresh_input
 from .early_stop import WATCHED, StopAtOp, StopRecompute
-from .errors import CheckpointError
 from .fingerprint import differs, fingerprint_of, first_difference
-from .guards import Guards, describe, describe_meta, meta_of, mismatch, op_name
-from .holders import Holder, Saved
+from .guards import (CheckpointError, Guards, Holder, Saved, describe, describe_meta, meta_of,
+                     mismatch, op_name)
+from .hidden_inputs import graph_leaves
 from .module_state import saw_saved
-from .reach import graph_leaves
 
 
 _CUSTOM_NODE = torch.autograd.function.BackwardCFunction

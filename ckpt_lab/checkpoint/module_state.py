@@ -11,7 +11,7 @@ things can make it read something else than the forward did, each a silent wrong
 * a parameter or buffer was replaced by another object (``m.weight = nn.Parameter(...)``).
 
 `ModuleState` makes the first and the third exact and refuses the second, for the modules the
-checkpoint finds (``reach.modules_of``) and their submodules, of which it keeps watching
+checkpoint finds (``hidden_inputs.modules_of``) and their submodules, of which it keeps watching
 the buffers of those that ran in the forward (a buffer read outside its module's forward is
 caught only by ``determinism_check="fingerprint"``):
 

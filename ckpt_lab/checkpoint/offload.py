@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .memory import StorageBirths
+from ..measure.memory import StorageBirths
 
 # What pinned host<->device copies reach on PCIe 4.0 x16 in practice (peak is ~31.5 GB/s).
 PCIE4_X16_BYTES_PER_S = 25_000_000_000

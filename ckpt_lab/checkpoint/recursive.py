@@ -18,7 +18,7 @@ dropped there too.
 """
 from __future__ import annotations
 
-from .checkpoint import checkpoint, layer_list
+from . import checkpoint, layer_list
 
 
 def checkpoint_recursive(layers, x, min_layers: int = 1, impl: str = "hooks",

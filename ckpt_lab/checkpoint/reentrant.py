@@ -3,7 +3,7 @@
 The forward runs here with the caller's grad mode (code that asks ``torch.is_grad_enabled()``,
 as ``nn.TransformerEncoder``'s fast path does, takes the branch it takes without a checkpoint)
 under a pack hook that keeps nothing, only a version probe per saved tensor. The graph it built
-says which parameters it read, however it found them (`reach.graph_leaves`): a `_Reentrant`
+says which parameters it read, however it found them (`hidden_inputs.graph_leaves`): a `_Reentrant`
 node takes the inputs *and those parameters* as its inputs, so ``backward(inputs=[p])`` and
 ``torch.autograd.grad`` reach them and an input that needs no grad is no trap. Its backward
 checks (`guards`), recomputes under the forward's generators, autocast and module state, checks
@@ -19,12 +19,10 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .arguments import TENSOR, flatten, fresh_input, unflatten
-from .errors import CheckpointError
 from .fingerprint import differs, fingerprint_of, first_difference
-from .guards import describe, meta_of, mismatch, op_name
-from .holders import Holder, Saved
+from .guards import CheckpointError, Holder, Saved, describe, meta_of, mismatch, op_name
+from .hidden_inputs import graph_leaves
 from .module_state import saw_saved
-from .reach import graph_leaves
 
 
 class _Reentrant(torch.autograd.Function):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import CheckpointError
+from .guards import CheckpointError
 
 
 def _cuda_devices(tensors, preserve: bool) -> list[int]:

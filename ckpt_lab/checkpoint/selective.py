@@ -18,7 +18,7 @@ Two kinds of operation are always recomputed, whatever the policy says:
   checkpoint replays the random generator, so recomputing them draws the same numbers, while
   skipping one would leave the generator behind and shift every later draw. (PyTorch 2.13
   honours SAVE for them and then computes wrong gradients silently when a later random op is
-  recomputed; ``tests/test_selective.py`` shows ours stays exact.)
+  recomputed; ``tests/checkpoint/test_selective.py`` shows ours stays exact.)
 * views and in-place operations: a view costs nothing to recompute and saving one would pin
   its base, and skipping an in-place op would leave the recompute's tensor unmodified.
 

@@ -6,7 +6,8 @@ and the article's, by the rules the lesson states (holds: within the tolerance; 
 within a factor of two; does not hold: further, or the opposite). `Audit.add` files each claim
 with the article's number, what was measured on which machine, and the verdict, and returns the
 verdict so the lesson can assert the one its prose states. The articles' sentences are not
-copied here: each claim is the course's paraphrase.
+copied here: each claim is the course's paraphrase. The articles' own formulas, as they stand
+(``article_*``) and corrected (``corrected_*``), close the file.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ckpt_lab import track_memory
-from ckpt_lab.models import MLPBlock
+from ckpt_lab import formulas, track_memory
+from ckpt_lab.training.models import MLPBlock
 
 VERDICTS = ("holds", "partly holds", "does not hold")
 
@@ -274,3 +275,67 @@ def at_scale(policy: str, here: float, where_here: str) -> tuple[float, str, str
     t = run["time_ratio"] - 1
     return t, (f"+{t:.0%} step time for +{run['flop_ratio'] - 1:.0%} of a step's FLOPs; "
                f"{where_here}: {here:+.0%}"), gpu_results.label()
+
+
+# -------------------------------------------- the source articles' formulas, as they stand
+def article_saving_fraction(num_layers: int, segments: int) -> float:
+    """Article (a), as it stands: the activation memory saved is (L - S) / L.
+
+    For 48 layers and 8 segments it gives 0.833. It counts S kept things against L and forgets
+    that backward must rebuild one whole segment (L / S layers) at a time.
+    """
+    for name, value in (("num_layers", num_layers), ("segments", segments)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return (num_layers - segments) / num_layers
+
+
+def corrected_saving_fraction(num_layers: int, segments: int, layer_bytes: int,
+                              boundary_bytes: int) -> float:
+    """Saving of uniform checkpoint_sequential: 1 - ((S-1) b + (L - (S-1) L//S) a) / (L a).
+
+    For a transformer layer the kept input b = 2sbh is small next to a = sbh(34 + 5as/h), so
+    48 layers in 8 segments save about 1 - 6/48 - 7b/(48a), i.e. 86-87%, not 83%.
+    """
+    peak = formulas.uniform_peak_bytes(num_layers, segments, layer_bytes, boundary_bytes)
+    return 1.0 - peak / (num_layers * layer_bytes)
+
+
+def article_mem_no_ckpt(L: int, B: int, S: int, H: int, byte_per: int = 2) -> int:
+    """Article (b), as it stands: L B S H byte_per bytes without checkpointing.
+
+    With L, B, S, H = 100, 8, 512, 1024 that is 838,860,800 bytes = exactly 800 MiB. It assumes
+    a layer keeps one B x S x H tensor; a real transformer layer keeps (34 + 5 a S / H) / 2 of
+    them (Megatron), so the true figure is 17 times that or more.
+    """
+    return L * B * S * H * byte_per
+
+
+def article_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
+    """Article (b), as it stands: (seg + 1) boundaries plus "twice a layer" of temporaries.
+
+    For 100, 8, 512, 1024 and 10 segments: 13 x 8 MiB = 104 MiB (L does not even appear).
+    """
+    return (seg + 1) * B * S * H * byte_per + 2 * B * S * H * byte_per
+
+
+def article_printed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> float:
+    """The number the article's script prints for the checkpointed case: it divides by 10 once
+    more than it should, so 104 MiB is printed as 10.4 "MB"."""
+    return article_mem_ckpt(L, B, S, H, seg, byte_per) / 10 / 1024 / 1024
+
+
+def article_claimed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
+    """The article's prose figure, ~80 MB: seg boundaries only, no segment being rebuilt."""
+    return seg * B * S * H * byte_per
+
+
+def corrected_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
+    """The true segmented peak in the article's own model (one B S H tensor per layer).
+
+    checkpoint_sequential keeps the inputs of the seg - 1 checkpointed segments and, while the
+    last segment runs backward, all of its L - (seg - 1) (L // seg) layers: for the example,
+    9 + 10 = 19 tensors of 8 MiB = 152 MiB, a saving of 81%, not 90%.
+    """
+    layer = B * S * H * byte_per
+    return formulas.uniform_peak_bytes(L, seg, layer, layer)

@@ -3,7 +3,7 @@
 Lesson 11 and ``benchmarks/bench_compile.py`` measure the same way: each builds its compiled
 steps (the lesson in its own cells, with ``torch.compile``, ``torch.utils.checkpoint`` and
 ``torch._functorch.config.activation_memory_budget`` in view; the benchmark from
-``ckpt_lab.models``) and hands them to `compare`, which compiles every one (first call,
+``ckpt_lab.training.models``) and hands them to `compare`, which compiles every one (first call,
 timed), measures what the forward keeps and the step's peak, counts the graphs and graph
 breaks Dynamo made, and then times all of them in paired, rotating repeats.
 
@@ -17,7 +17,7 @@ Why not `track_memory`: it is a ``TorchDispatchMode``, and while one is active t
 steps aside and runs the module eagerly (measured in the tests: under the tracker the
 compiled module runs the eager ATen ops, and its numbers do not move with the budget).
 Inductor's kernels also allocate their buffers below the dispatcher. The allocator sees
-everything, so `ckpt_lab.allocator.profiled_memory` reads its events through ``torch.profiler``
+everything, so `ckpt_lab.measure.allocator.profiled_memory` reads its events through ``torch.profiler``
 with ``profile_memory=True``: every allocation and free, with its size, in time order.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ckpt_lab.allocator import profiled_memory
+from ckpt_lab.measure.allocator import profiled_memory
 
 
 @dataclass

@@ -131,7 +131,7 @@ def sizes(device: torch.device | str | None = None, **pairs) -> SimpleNamespace:
 
 
 def corpus_tokens() -> torch.Tensor:
-    """The course's byte corpus (see `ckpt_lab.data.load_corpus`). Never downloads."""
+    """The course's byte corpus (see `ckpt_lab.training.data.load_corpus`). Never downloads."""
     return ckpt_lab.load_corpus()
 
 

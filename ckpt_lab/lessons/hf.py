@@ -27,7 +27,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ckpt_lab.memory import track_memory
+from ckpt_lab.measure.memory import track_memory
 
 KINDS = ("llama", "gpt2")
 

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from ckpt_lab import formulas
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.losses import chunked_cross_entropy
-from ckpt_lab.models import build_model, get_config
-from ckpt_lab.timing import measure_step
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.losses import chunked_cross_entropy
+from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab.measure.timing import measure_step
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """Label PyTorch's own recompute in `track_memory` timelines, so a lesson can draw it orange.
 
-`ckpt_lab.checkpoint` marks its recompute itself (`ckpt_lab.memory.phase("recompute")`);
+`ckpt_lab.checkpoint` marks its recompute itself (`ckpt_lab.measure.memory.phase("recompute")`);
 `torch.utils.checkpoint` does not, so its recomputed forward would read as "backward". A lesson
 that shows the real call wraps it::
 
@@ -19,7 +19,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ckpt_lab.memory import phase
+from ckpt_lab.measure.memory import phase
 
 
 @contextlib.contextmanager

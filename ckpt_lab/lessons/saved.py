@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ckpt_lab.formulas import ATTENTION_CORE_TERMS
+from ckpt_lab.plan.formulas import ATTENTION_CORE_TERMS
 
 # Our GPT block's terms (formulas.gpt_block_terms) -> Megatron's (formulas.megatron_layer_terms).
 MEGATRON_TERM = {

@@ -27,8 +27,8 @@ from ckpt_lab.checkpoint import checkpoint_sequential
 from ckpt_lab.lessons.course import dropout_mask_bytes, fmt_bytes, pick_device
 from ckpt_lab.lessons.plots import PHASE_COLORS
 from ckpt_lab.lessons.units import MIB
-from ckpt_lab.memory import MemoryLog, kept_after_forward, track_memory
-from ckpt_lab.models import Block, GPTConfig, MLPBlock
+from ckpt_lab.measure.memory import MemoryLog, kept_after_forward, track_memory
+from ckpt_lab.training.models import Block, GPTConfig, MLPBlock
 
 
 def _slider(name: str, value: int, lo: int, hi: int, step: int = 1) -> W.IntSlider:
@@ -321,7 +321,7 @@ def measure_plan(layers, x: torch.Tensor, boundaries, allocator: bool = False):
     The model is left as it was: parameter gradients (and ``x.grad``), BatchNorm statistics
     and the random generators are restored afterwards.
     """
-    from ckpt_lab.profile import _Untouched
+    from ckpt_lab.plan.profile import _Untouched
     layers, x_grad = list(layers), x.grad
     try:
         with _Untouched(layers, x.device), track_memory(allocator=allocator) as log:
@@ -346,8 +346,8 @@ class PlanExplorer(Explorer):
 
     def __init__(self, layers, x: torch.Tensor, budget_fraction: float = 0.5, profile=None,
                  cost=None, basis: str | None = None):
-        from ckpt_lab.profile import profile_layers
-        from ckpt_lab.planner import minimum_peak, pareto_front, step_peak_bytes
+        from ckpt_lab.plan.profile import profile_layers
+        from ckpt_lab.plan.planner import minimum_peak, pareto_front, step_peak_bytes
         self.layers, self.x = list(layers), x
         self.profile = profile if profile is not None else profile_layers(self.layers, x)
         self.out = [p.out_bytes for p in self.profile]
@@ -369,7 +369,7 @@ class PlanExplorer(Explorer):
 
     def plan(self, budget_bytes: int):
         """The planner's cheapest plan whose predicted step peak is within budget_bytes."""
-        from ckpt_lab.planner import optimal_segments
+        from ckpt_lab.plan.planner import optimal_segments
         return optimal_segments(self.profile, budget_bytes, fwd_cost=self.cost)
 
     def update(self, budget):
@@ -408,6 +408,6 @@ class PlanExplorer(Explorer):
 
 
 def plan_explorer(layers, x, **kwargs) -> PlanExplorer:
-    """A budget slider that plans (ckpt_lab.planner), applies and measures on any chain."""
+    """A budget slider that plans (ckpt_lab.plan.planner), applies and measures on any chain."""
     return PlanExplorer(layers, x, **kwargs)
 

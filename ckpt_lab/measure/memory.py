@@ -9,10 +9,10 @@ The numbers are therefore a property of the program, not of an allocator: identi
 laptop, on Binder and on a GPU. On CUDA the allocator's own peak is recorded beside them, and
 ``track_memory(allocator=True)`` also records, on any device, what the allocator itself saw
 (its peak, and per operation the bytes the operation held only while it ran), read from the
-profiler's memory events (`ckpt_lab.allocator`).
+profiler's memory events (`ckpt_lab.measure.allocator`).
 
 What it cannot see (the allocator's own events can, and ``allocator=True`` records them;
-``tests/test_memory_vs_profiler.py`` compares the two workload by workload): memory an op
+``tests/measure/test_memory_vs_profiler.py`` compares the two workload by workload): memory an op
 allocates and frees before returning (workspaces, e.g. convolution's), tensors made without
 passing through the dispatcher (the random generator's state that ``torch.get_rng_state()``
 returns, which every checkpoint captures; a Python number wrapped into a tensor for

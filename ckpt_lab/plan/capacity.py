@@ -19,7 +19,7 @@ output projection (2 x d sbh) and the fp32 logits the cross-entropy works on (4 
 
 `ARCHITECTURES` names published models; `TransformerConfig.named("llama2-70b", seq=4096)`
 builds one, and its `num_params` equals the parameter count of the released checkpoint
-(tests/test_capacity.py asserts it).
+(tests/plan/test_capacity.py asserts it).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Memory and compute of training, predicted with plain arithmetic (no tensors).
 
 Everything here is a function of sizes and dtypes, so it can price a 70B model on a laptop.
-`ckpt_lab.memory` measures the same quantities; the tests hold the two to each other.
+`ckpt_lab.measure.memory` measures the same quantities; the tests hold the two to each other.
 
 Sections: model state (params, grads, optimizer) per parameter; activations of a transformer
-layer after Megatron-LM; the peak of a segmented chain; recursive bisection; FLOPs; and the two
-source articles' formulas, reproduced as they stand next to corrected versions.
+layer after Megatron-LM; the peak of a segmented chain; recursive bisection; FLOPs. (The two
+source articles' formulas, as they stand and corrected, are lesson 9's: ckpt_lab.lessons.audit.)
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def transformer_layer_terms(seq: int, batch: int, hidden: int, heads: int,
       ``repeat_kv``) and the repeated copies are what is saved, so GQA saves no activations
       there; a fused kernel takes the kv heads as they are and K, V shrink by kv_heads/heads
       (PyTorch: ``scaled_dot_product_attention(..., enable_gqa=True)``; both cases are
-      measured on a tiny Llama in tests/test_capacity.py).
+      measured on a tiny Llama in tests/plan/test_capacity.py).
     * ``attention="sdpa"`` (a fused kernel: FlashAttention, Dao et al. 2022, or PyTorch's
       ``scaled_dot_product_attention``): the s x s scores are never stored, so the a s^2 b
       terms go. The kernel keeps Q, K, V, its output O and one fp32 logsumexp per row (4 a s b
@@ -491,70 +491,7 @@ def transformer_flops(layers: int, hidden: int, seq: int, batch: int, vocab: int
     return step
 
 
-# ------------------------------------------------------------------ the source articles
-def article_saving_fraction(num_layers: int, segments: int) -> float:
-    """Article (a), as it stands: the activation memory saved is (L - S) / L.
-
-    For 48 layers and 8 segments it gives 0.833. It counts S kept things against L and forgets
-    that backward must rebuild one whole segment (L / S layers) at a time.
-    """
-    _check_int("num_layers", num_layers, 1)
-    _check_int("segments", segments, 1)
-    return (num_layers - segments) / num_layers
-
-
-def corrected_saving_fraction(num_layers: int, segments: int, layer_bytes: int,
-                              boundary_bytes: int) -> float:
-    """Saving of uniform checkpoint_sequential: 1 - ((S-1) b + (L - (S-1) L//S) a) / (L a).
-
-    For a transformer layer the kept input b = 2sbh is small next to a = sbh(34 + 5as/h), so
-    48 layers in 8 segments save about 1 - 6/48 - 7b/(48a), i.e. 86-87%, not 83%.
-    """
-    peak = uniform_peak_bytes(num_layers, segments, layer_bytes, boundary_bytes)
-    return 1.0 - peak / (num_layers * layer_bytes)
-
-
-def article_mem_no_ckpt(L: int, B: int, S: int, H: int, byte_per: int = 2) -> int:
-    """Article (b), as it stands: L B S H byte_per bytes without checkpointing.
-
-    With L, B, S, H = 100, 8, 512, 1024 that is 838,860,800 bytes = exactly 800 MiB. It assumes
-    a layer keeps one B x S x H tensor; a real transformer layer keeps (34 + 5 a S / H) / 2 of
-    them (Megatron), so the true figure is 17 times that or more.
-    """
-    return L * B * S * H * byte_per
-
-
-def article_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
-    """Article (b), as it stands: (seg + 1) boundaries plus "twice a layer" of temporaries.
-
-    For 100, 8, 512, 1024 and 10 segments: 13 x 8 MiB = 104 MiB (L does not even appear).
-    """
-    return (seg + 1) * B * S * H * byte_per + 2 * B * S * H * byte_per
-
-
-def article_printed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> float:
-    """The number the article's script prints for the checkpointed case: it divides by 10 once
-    more than it should, so 104 MiB is printed as 10.4 "MB"."""
-    return article_mem_ckpt(L, B, S, H, seg, byte_per) / 10 / 1024 / 1024
-
-
-def article_claimed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
-    """The article's prose figure, ~80 MB: seg boundaries only, no segment being rebuilt."""
-    return seg * B * S * H * byte_per
-
-
-def corrected_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
-    """The true segmented peak in the article's own model (one B S H tensor per layer).
-
-    checkpoint_sequential keeps the inputs of the seg - 1 checkpointed segments and, while the
-    last segment runs backward, all of its L - (seg - 1) (L // seg) layers: for the example,
-    9 + 10 = 19 tensors of 8 MiB = 152 MiB, a saving of 81%, not 90%.
-    """
-    layer = B * S * H * byte_per
-    return uniform_peak_bytes(L, seg, layer, layer)
-
-
-# ------------------------------------------------------------ activations of ckpt_lab.models
+# ------------------------------------------------------------ activations of ckpt_lab.training.models
 @dataclass(frozen=True)
 class LayerBytes:
     """What one entry of `model.layers()` leaves for backward, derived op by op from its code.

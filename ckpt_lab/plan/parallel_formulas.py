@@ -12,7 +12,7 @@
 * Tensor (and sequence) parallelism splits the inside of every layer; Megatron's activation
   formula per layer follows from the single-device one term by term.
 
-Bytes are ints; `ckpt_lab.formulas` holds the single-device formulas used here.
+Bytes are ints; `ckpt_lab.plan.formulas` holds the single-device formulas used here.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import segment_starts
+from ..checkpoint import segment_starts
 from .formulas import segmented_peak_bytes
 
 
@@ -327,7 +327,7 @@ def plan_chain(layers, x, budget_bytes, repeats: int = 3, allocator: bool = Fals
       each CUDA device's, all in CPU memory), a copy of them while a checkpoint recomputes
       (``fork_rng``), and Python numbers wrapped into tensors that autograd saves
       (``att * 0.125``: 8 bytes, kept until that backward, checkpoint or not). Exact on CPU
-      (tests/test_plan_allocator.py); the profile runs under ``torch.profiler``, so not inside
+      (tests/plan/test_plan_allocator.py); the profile runs under ``torch.profiler``, so not inside
       another profiler.
 
     On CUDA ``allocator=True`` is untested: the caching allocator rounds each block up (to
@@ -720,7 +720,7 @@ def step_peak_bytes(boundaries, profile) -> int:
     the step refuses it (`checkpoint_sequential`).
 
     Counted too, in both units, are the copies of module buffers a checkpoint makes to replay
-    module state (``ckpt_lab.module_state``), each measured per layer by `profile_layers`: the
+    module state (``ckpt_lab.checkpoint.module_state``), each measured per layer by `profile_layers`: the
     copies of every persistent buffer of a checkpointed segment's layers, alive through that
     segment's forward (`buffer_copy_bytes`); those of the buffers its forward changed (batch
     norm's counter), kept with the checkpoint's input until its backward
@@ -730,7 +730,7 @@ def step_peak_bytes(boundaries, profile) -> int:
     saves (`recompute_saved_buffer_bytes`: ``nn.BatchNorm2d``'s statistics; none for
     `models.RecomputeSafeBatchNorm2d`, which saves copies of its own). Exact on CPU in both
     units for chains with batch norms and for a module of one's own whose forward changes some
-    buffers and saves others (tests/test_plan_step.py, tests/test_plan_allocator.py).
+    buffers and saves others (tests/plan/test_plan_step.py, tests/plan/test_plan_allocator.py).
     """
     step = _Step(profile)
     return step.peak(segment_starts(step.n, boundaries=list(boundaries)))

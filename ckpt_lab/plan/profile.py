@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .memory import phase, track_memory
-from .module_state import ModuleState, saw_saved
+from ..measure.memory import phase, track_memory
+from ..checkpoint.module_state import ModuleState, saw_saved
 
 
 @dataclass

@@ -30,7 +30,7 @@ passing tensors already have a holder, because what a block leaves after its own
 the same checkpointed or not (checked; where it is not, the programme counts the larger, so
 its plans still fit, and `peak_bytes` still concatenates). The prediction is byte-exact for
 every set of blocks of the course's GPT, two ``nn.TransformerEncoder`` and two Hugging Face
-models (tests/test_plan_modules.py), and the programme agrees with a search over every set.
+models (tests/plan/test_plan_modules.py), and the programme agrees with a search over every set.
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .arguments import tensors_in
-from .memory import new_storages, track_memory
+from ..checkpoint.arguments import tensors_in
+from ..measure.memory import new_storages, track_memory
 from .planner import BudgetTooSmallError, _budget, least_budget_where
 
 

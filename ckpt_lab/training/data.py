@@ -4,7 +4,7 @@ The corpus is built from the standard library's own ``.py`` files, which every P
 chosen deterministically (sorted names, a fixed number of bytes from each). One fixed sample is
 committed as ``data/stdlib_sample.txt`` and shipped inside the wheel (as ``ckpt_lab/corpus/``,
 see pyproject.toml), so every install reads the same bytes whatever its Python; rebuild it
-with ``python -m ckpt_lab.data``. Batches are drawn from a ``torch.Generator`` seeded by
+with ``python -m ckpt_lab.training.data``. Batches are drawn from a ``torch.Generator`` seeded by
 ``(seed, step)``, so two runs, or a run resumed at step k, see the same batches.
 """
 from __future__ import annotations
@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 SAMPLE_NAME = "stdlib_sample.txt"
-# An installed wheel holds the sample beside this file; a checkout (or an editable install)
-# holds the same file in the repository's data/ folder.
-_INSTALLED = Path(__file__).resolve().parent / "corpus" / SAMPLE_NAME
-_CHECKOUT = Path(__file__).resolve().parent.parent / "data" / SAMPLE_NAME
+# An installed wheel holds the sample in the package (ckpt_lab/corpus/); a checkout (or an
+# editable install) holds the same file in the repository's data/ folder.
+_PACKAGE = Path(__file__).resolve().parents[1]
+_INSTALLED = _PACKAGE / "corpus" / SAMPLE_NAME
+_CHECKOUT = _PACKAGE.parent / "data" / SAMPLE_NAME
 SAMPLE_PATH = _INSTALLED if _INSTALLED.exists() else _CHECKOUT
 SAMPLE_MAX_BYTES = 262_144
 PER_FILE_BYTES = 8_192
@@ -92,7 +93,7 @@ def load_corpus(path: str | os.PathLike | None = None) -> torch.Tensor:
                          "reinstall ckpt-lab from a wheel or the repository (`pip install .`)")
     path = Path(SAMPLE_PATH if path is None else path)
     if not path.exists():
-        raise ValueError(f"{path} does not exist; rebuild it with `python -m ckpt_lab.data`")
+        raise ValueError(f"{path} does not exist; rebuild it with `python -m ckpt_lab.training.data`")
     data = path.read_bytes()
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
@@ -192,7 +193,7 @@ def main(argv=None):
     It never writes into an installed package: the default is ./stdlib_sample.txt; to rebuild
     the repository's sample, run it from the repository root with ``--out data/stdlib_sample.txt``.
     """
-    ap = argparse.ArgumentParser(prog="python -m ckpt_lab.data",
+    ap = argparse.ArgumentParser(prog="python -m ckpt_lab.training.data",
                                  description=main.__doc__.splitlines()[0])
     ap.add_argument("--out", default=SAMPLE_NAME,
                     help=f"file to write (default: ./{SAMPLE_NAME})")
@@ -200,7 +201,7 @@ def main(argv=None):
     ap.add_argument("--max-bytes", type=int, default=SAMPLE_MAX_BYTES)
     ap.add_argument("--per-file-bytes", type=int, default=PER_FILE_BYTES)
     args = ap.parse_args(argv)
-    if Path(__file__).resolve().parent in Path(args.out).resolve().parents:
+    if _PACKAGE in Path(args.out).resolve().parents:
         ap.error(f"--out {args.out} is inside the installed package; write elsewhere")
     path = write_corpus(args.out, root=args.root, max_bytes=args.max_bytes,
                         per_file_bytes=args.per_file_bytes)

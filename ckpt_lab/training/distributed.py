@@ -105,7 +105,7 @@ UNPICKLE_ADVICE = (
     "The function and its arguments travel pickled to fresh interpreters, which rebuild every "
     "object by importing its class by module and name. An object whose class is defined in a "
     "notebook cell or a script's __main__ cannot be rebuilt there: define the class in a .py "
-    "module the ranks can import (on sys.path, like ckpt_lab.models) and import it from there.")
+    "module the ranks can import (on sys.path, like ckpt_lab.training.models) and import it from there.")
 
 
 _PR_SET_PDEATHSIG = 1
@@ -241,7 +241,7 @@ def launch(fn, *args, world_size: int = 2, timeout: float = DEFAULT_TIMEOUT,
                 env["CUDA_VISIBLE_DEVICES"] = ""   # CPU ranks: no CUDA context, no stray GPU
             try:
                 processes.append(subprocess.Popen(
-                    [sys.executable, "-c", "from ckpt_lab.distributed import _rank_main; "
+                    [sys.executable, "-c", "from ckpt_lab.training.distributed import _rank_main; "
                      "_rank_main()", str(write_fd), str(os.getpid())], stdin=subprocess.PIPE,
                     stderr=logs[-1], pass_fds=(write_fd,), env=env))
             finally:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .memory import track_memory
+from ..measure.memory import track_memory
 
 MOVES = ("densify", "accumulate", "shrink")
 log = logging.getLogger(__name__)

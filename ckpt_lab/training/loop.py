@@ -1,4 +1,4 @@
-"""One training loop for every model in `ckpt_lab.models`, measured step by step.
+"""One training loop for every model in `ckpt_lab.training.models`, measured step by step.
 
 `train` runs N optimizer steps with a checkpoint policy, gradient accumulation over
 micro-batches, optional mixed precision (bf16 autocast on CPU and CUDA; fp16 with a
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .memory import phase, track_memory
+from ..measure.memory import phase, track_memory
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -112,7 +112,7 @@ def train(model: torch.nn.Module, batches, steps: int, *, policy=None, impl: str
     _check_args(precision, device, micro_batches, steps)
     if policy is not None or impl is not None:
         if not hasattr(model, "set_policy"):
-            raise ValueError(f"a checkpoint policy needs a ckpt_lab.models model (one with "
+            raise ValueError(f"a checkpoint policy needs a ckpt_lab.training.models model (one with "
                              f"set_policy); {type(model).__name__} has none. Leave policy=None "
                              "and checkpoint inside the model yourself.")
         model.set_policy(policy if policy is not None else model.policy, impl)

@@ -20,7 +20,7 @@ the row gradients of the chunks already done). Once chunks are small (c below ab
 moves to the weight gradients instead: each chunk makes its own V x d gradient, and autograd's
 first sum of two of them is out of place (each arrives as a view, through ``weight.t()``'s
 backward), so three V x d tensors coexist for a moment; smaller chunks save nothing more.
-`ckpt_lab.formulas.chunked_cross_entropy_moments` counts every candidate; tests/test_losses.py
+`ckpt_lab.plan.formulas.chunked_cross_entropy_moments` counts every candidate; tests/training/test_losses.py
 holds the peak to `track_memory` and to the allocator's own events.
 
 The price: one more ``hidden @ weight.T`` per row (2 N d V FLOPs, a third of the output
@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import checkpoint
-from .formulas import chunk_rows
+from ..checkpoint import checkpoint
+from ..plan.formulas import chunk_rows
 
 
 def _chunk_loss(hidden, weight, targets, ignore_index: int):

@@ -15,7 +15,10 @@
   which is exactly when any checkpoint (ours or ``torch.utils.checkpoint``) recomputes.
 
 Every model exposes ``model.layers()``, a list of modules whose composition is the forward up
-to the loss, and takes a `CheckpointPolicy` (or anything `CheckpointPolicy.parse` accepts).
+to the loss, and takes a `CheckpointScheme` (or anything `CheckpointScheme.parse` accepts):
+which of its blocks ckpt_lab checkpoints, and how. (Its old name `CheckpointPolicy` still works;
+it is not PyTorch's ``torch.utils.checkpoint.CheckpointPolicy``, a per-operation save-or-recompute
+decision.)
 """
 from __future__ import annotations
 
@@ -28,8 +31,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from .checkpoint import IMPLS, checkpoint, run_in_order, segment_starts
-from .memory import current_phase
+from ..checkpoint import IMPLS, checkpoint, run_in_order, segment_starts
+from ..measure.memory import current_phase
 
 POLICY_IMPLS = IMPLS + ("torch",)
 POLICY_NAMES = ("none", "every", "every:<k>", "selective",
@@ -38,8 +41,8 @@ POLICY_NAMES = ("none", "every", "every:<k>", "selective",
 
 # ------------------------------------------------------------------------------ the policy
 @dataclass(frozen=True)
-class CheckpointPolicy:
-    """What to recompute in backward, and with which checkpoint implementation.
+class CheckpointScheme:
+    """Which blocks of a model to recompute in backward, and with which checkpoint implementation.
 
     kind:
       * ``"none"``: keep every activation.
@@ -75,13 +78,13 @@ class CheckpointPolicy:
             raise ValueError("a 'boundaries' policy needs segment starts such as (0, 4, 8)")
 
     @classmethod
-    def parse(cls, spec=None, impl: str | None = None) -> "CheckpointPolicy":
+    def parse(cls, spec=None, impl: str | None = None) -> "CheckpointScheme":
         """A policy from None, a name ("none", "every", "every:2", "selective"), starts, or a plan.
 
         ``impl`` overrides the implementation; by default a given policy keeps its own and
         anything else gets ``"hooks"``.
         """
-        if isinstance(spec, CheckpointPolicy):
+        if isinstance(spec, CheckpointScheme):
             return spec if impl is None else replace(spec, impl=impl)
         impl = "hooks" if impl is None else impl
         if spec is None:
@@ -115,6 +118,10 @@ class CheckpointPolicy:
         return f"{name} ({self.impl})"
 
 
+# the old name (not torch.utils.checkpoint.CheckpointPolicy, a per-op decision)
+CheckpointPolicy = CheckpointScheme
+
+
 # ------------------------------------------------------------------- applying it to a chain
 def _checkpointed(fn, *args, impl: str):
     """Call fn(*args) under the chosen checkpoint implementation."""
@@ -143,9 +150,9 @@ class CheckpointedChain(nn.Module):
         """The L repeated blocks (a slice of `layers`)."""
         return self.layers()[self.first_block:self.first_block + self.num_blocks]
 
-    def set_policy(self, policy=None, impl: str | None = None) -> CheckpointPolicy:
+    def set_policy(self, policy=None, impl: str | None = None) -> CheckpointScheme:
         """Parse, validate against this model and install a checkpoint policy; returns it."""
-        policy = CheckpointPolicy.parse(policy, impl)
+        policy = CheckpointScheme.parse(policy, impl)
         n = len(self.chain)
         if policy.kind == "every" and policy.group > self.num_blocks:
             raise ValueError(f"every:{policy.group} asks for groups of {policy.group} blocks "

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .memory import track_memory
-from .train import make_optimizer, train
+from ..measure.memory import track_memory
+from .loop import make_optimizer, train
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The correctness catalogue (``ckpt_lab.lessons.correctness``, the one lesson 2 draws): ckpt_lab
+"""The correctness catalogue (``ckpt_lab.checkpoint.cases``, the one lesson 2 draws): ckpt_lab
 gives plain autograd's result or a CheckpointError naming cause and fix, in both designs;
 PyTorch's outcome is pinned for the torch this course pins (2.13), as lesson 2's grid shows. Also: the fingerprint raises no false
 alarm on any of them, the parameter search does not depend on how the function holds a module,
@@ -15,7 +15,7 @@ from torch import nn
 
 from ckpt_lab import CheckpointError, checkpoint, track_memory
 
-from ckpt_lab.lessons.correctness import (CASES, LESSON_ROWS, REFUSES, RIGHT, WRONG, Case,
+from ckpt_lab.checkpoint.cases import (CASES, LESSON_ROWS, REFUSES, RIGHT, WRONG, Case,
                                          outcome, reference)
 
 FAST = [c for c in CASES if not c.slow]
@@ -125,7 +125,7 @@ def test_parameters_are_found_through_the_graph_however_the_function_holds_them(
     lin = deep.inner.lin
     x = torch.randn(3, 6, requires_grad=True)
     f = lambda t: torch.tanh(deep.inner.lin(t)) + deep.inner.lin.bias  # noqa: E731
-    from ckpt_lab.reach import modules_of
+    from ckpt_lab.checkpoint.hidden_inputs import modules_of
     assert modules_of(f, []) == []                 # the module search does not see it
     ref = torch.autograd.grad(f(x).sum(), [lin.bias])
     loss = checkpoint(f, x, impl=impl).sum()

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
-from ckpt_lab.guards import probe
+from ckpt_lab.checkpoint.guards import probe
 
 from custom_functions import ReadsTwice
 

@@ -4,7 +4,7 @@ graph break, the checkpointed region runs eagerly, and training gets plain autog
 compiles C++ on CPU, so it gets one case."""
 import pytest
 
-from ckpt_lab.lessons.correctness import CASES, RIGHT, outcome, reference
+from ckpt_lab.checkpoint.cases import CASES, RIGHT, outcome, reference
 
 COMPILED = {c.name: c for c in CASES if c.cls == 7}
 AOT = COMPILED["torch.compile, aot_eager"]

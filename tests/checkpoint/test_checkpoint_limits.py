@@ -4,7 +4,7 @@ The recompute re-runs the function; anything it reads that the checkpoint cannot
 replay can differ the second time. By default ckpt_lab, like PyTorch, then returns other
 gradients; ``determinism_check="fingerprint"`` compares every recomputed tensor with the
 forward's bit for bit and refuses instead. Batch norm's running statistics, once on this list,
-are now replayed (``ckpt_lab.module_state``). These tests pin the behaviour the docstring of
+are now replayed (``ckpt_lab.checkpoint.module_state``). These tests pin the behaviour the docstring of
 ``ckpt_lab.checkpoint`` and lesson 2 describe.
 """
 import threading
@@ -16,7 +16,7 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 from ckpt_lab import CheckpointError, checkpoint
-from ckpt_lab.models import RecomputeSafeBatchNorm2d
+from ckpt_lab.training.models import RecomputeSafeBatchNorm2d
 
 RUNS = {
     "ckpt_lab hooks": lambda f, *a: checkpoint(f, *a, impl="hooks"),

@@ -1,14 +1,15 @@
 """checkpoint_modules on real block-structured models, against plain autograd and
 torch.utils.checkpoint (the oracles); profile_modules against the measurement
-(plan_modules: tests/test_plan_modules.py)."""
+(plan_modules: tests/plan/test_plan_modules.py)."""
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
 from torch import nn
 
 from ckpt_lab import checkpoint_modules, track_memory
-from ckpt_lab.models import GPT, Block, GPTConfig
-from ckpt_lab.modules import matched_modules, profile_modules
+from ckpt_lab.training.models import GPT, Block, GPTConfig
+from ckpt_lab.checkpoint.wrap import matched_modules
+from ckpt_lab.plan.module_planner import profile_modules
 
 IMPLS = ["hooks", "reentrant"]
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_lab import OffloadStats, checkpoint_sequential, offload, offload_activations, \
-    track_memory
+from ckpt_lab import OffloadStats, checkpoint_sequential, offload_activations, track_memory
+from ckpt_lab.checkpoint import offload
 from ckpt_lab.lessons.course import dropout_mask_bytes
-from ckpt_lab.offload import PCIE4_X16_BYTES_PER_S
+from ckpt_lab.checkpoint.offload import PCIE4_X16_BYTES_PER_S
 
 BATCH, WIDTH, HIDDEN = 8, 16, 64
 F32 = 4

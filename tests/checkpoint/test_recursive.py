@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ckpt_lab import checkpoint_recursive, checkpoint_sequential, track_memory
-from ckpt_lab.formulas import bisection_cost
+from ckpt_lab.plan.formulas import bisection_cost
 
 IMPLS = ["hooks", "reentrant"]
 BATCH, WIDTH = 8, 16

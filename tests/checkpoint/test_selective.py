@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential, track_memory
-from ckpt_lab.selective import POLICIES, Decision, save_matmuls
+from ckpt_lab.checkpoint.selective import POLICIES, Decision, save_matmuls
 
 IMPLS = ["hooks", "reentrant"]
 aten = torch.ops.aten
@@ -240,8 +240,8 @@ def test_benchmark_rows_give_the_gradients_and_peak_of_their_torch_twins(one_thr
     # The rows bench_train times: ckpt_lab's selective (attention core) and save_matmuls per
     # block beside PyTorch's selective checkpointing told to save the same ops. Dropout on.
     from benchmarks.bench_train import POLICIES as ROWS, TORCH_SAC, _build
-    from ckpt_lab.data import TextBatches, load_corpus
-    from ckpt_lab.models import get_config
+    from ckpt_lab.training.data import TextBatches, load_corpus
+    from ckpt_lab.training.models import get_config
     cfg = get_config("gpt-tiny")
     x, y = TextBatches(load_corpus(), 2, cfg.block_size, seed=0).get(0)
 

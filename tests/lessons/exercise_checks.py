@@ -32,7 +32,7 @@ def in_your_code(name: str) -> str:
     from pathlib import Path
 
     import nbformat
-    nb = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{name}.ipynb",
+    nb = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / f"{name}.ipynb",
                        as_version=4)
     cell = next(c.source for c in nb.cells if c.source.startswith("## In your code"))
     return re.search(r"```python\n(.*?)```", cell, re.S).group(1)
@@ -45,7 +45,7 @@ def prediction_headings(name: str) -> dict[str, str]:
     from pathlib import Path
 
     import nbformat
-    nb = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{name}.ipynb",
+    nb = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / f"{name}.ipynb",
                        as_version=4)
     found, heading = {}, None
     for cell in nb.cells:

@@ -18,7 +18,7 @@ import pytest
 
 import browser_helpers as bh
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 TOUR = NOTEBOOKS / "00_tour.ipynb"
 ARTIFACTS = REPO / "artifacts" / "browser"

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import course_map  # noqa: E402
 
 md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell

@@ -8,7 +8,7 @@ import pytest
 
 from test_recipes import FIGURE, _shown, _value
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "docs" / "decision_guide.md").read_text()
 FIGURES = FIGURE.findall(TEXT)
 ROWS = [line for line in TEXT.splitlines() if line.startswith("| ") and not line.startswith("| situation")]
@@ -48,7 +48,7 @@ def test_the_price_of_a_hugging_face_switch_has_both_bases():
 
 def test_the_early_stop_price_names_the_mlp_it_holds_for():
     """+22% holds for a GPT-style 4h MLP (the down projection a third of the block's matmuls);
-    a SwiGLU MLP's down projection is 2/9 of them, so +26% (tests/test_recipes.py counts both)."""
+    a SwiGLU MLP's down projection is 2/9 of them, so +26% (tests/lessons/test_recipes.py counts both)."""
     from fractions import Fraction
     row = _row("a Hugging Face model")
     early, swiglu = "(10**9, 10**6, 2 / 3)", "(10**9, 10**6, 7 / 9)"

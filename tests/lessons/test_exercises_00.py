@@ -38,7 +38,7 @@ def test_the_tour_measures_the_segments_its_question_names():
     import re
     from pathlib import Path
     import nbformat
-    tour = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "00_tour.ipynb", as_version=4)
+    tour = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / "00_tour.ipynb", as_version=4)
     code = "\n".join(c.source for c in tour.cells if c.cell_type == "code")
     assert re.search(rf"^segments = {lesson00.SEGMENTS}\b", code, re.M)
     assert f"in {lesson00.SEGMENTS} segments" in exercises.question("00.peak_ratio")

@@ -6,7 +6,8 @@ import torch.utils.checkpoint
 
 from ckpt_lab import checkpoint
 from ckpt_lab.checkpoint import minimal_hooks
-from ckpt_lab.lessons import correctness, exercises
+from ckpt_lab.lessons import exercises
+from ckpt_lab.checkpoint import cases as correctness
 from ckpt_lab.lessons.exercises import lesson02
 
 from exercise_checks import right_then_wrong

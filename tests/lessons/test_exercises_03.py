@@ -52,7 +52,7 @@ def test_each_prediction_sits_under_a_question():
 def _lesson(name):
     import nbformat
     from pathlib import Path
-    return nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{name}.ipynb",
+    return nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / f"{name}.ipynb",
                          as_version=4)
 
 

@@ -14,11 +14,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from ckpt_lab import formulas
 from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons.exercises import lesson04
-from ckpt_lab.models import GPTConfig, build_model
+from ckpt_lab.training.models import GPTConfig, build_model
 
 from exercise_checks import judge, unanswered_and_malformed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GPU_FILE = ROOT / "benchmarks" / "results" / "gpu" / "gpu_check.json"
 LESSON = ROOT / "notebooks" / "04_the_price.ipynb"
 

@@ -8,7 +8,7 @@ from ckpt_lab import formulas
 from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons import saved as saved_terms
 from ckpt_lab.lessons.exercises import lesson05
-from ckpt_lab.models import Block, GPTConfig
+from ckpt_lab.training.models import Block, GPTConfig
 
 from exercise_checks import in_your_code, judge, unanswered_and_malformed
 

@@ -12,11 +12,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ckpt_lab.lessons import exercises
 from ckpt_lab.lessons.exercises import lesson07
-from ckpt_lab.models import GPTConfig, build_model
+from ckpt_lab.training.models import GPTConfig, build_model
 
 from exercise_checks import judge, unanswered_and_malformed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MINE = ["04_the_price", "05_transformers_selective", "06_optimal_schedules",
         "07_combining_techniques"]
 

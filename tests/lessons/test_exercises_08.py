@@ -4,9 +4,10 @@ wrong ones with a hint."""
 import pytest
 import torch
 
-from ckpt_lab import capacity, fallback, formulas
+from ckpt_lab import capacity, formulas
+from ckpt_lab.training import fallback
 from ckpt_lab.lessons import exercises
-from ckpt_lab.models import build_model
+from ckpt_lab.training.models import build_model
 
 from exercise_checks import in_your_code, judge, unanswered_and_malformed
 

@@ -11,7 +11,7 @@ from ckpt_lab.lessons import audit, exercises
 
 from exercise_checks import judge, unanswered_and_malformed
 
-LESSON = os.path.join(os.path.dirname(__file__), "..", "notebooks", "09_checking_the_claims.ipynb")
+LESSON = os.path.join(os.path.dirname(__file__), "..", "..", "notebooks", "09_checking_the_claims.ipynb")
 
 
 def test_true_saving_is_what_torchs_checkpoint_sequential_measures():

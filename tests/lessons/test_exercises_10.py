@@ -15,7 +15,7 @@ from ckpt_lab.lessons import exercises, widgets
 
 from exercise_checks import judge, unanswered_and_malformed
 
-LESSON = Path(__file__).resolve().parent.parent / "notebooks" / "10_your_own_model.ipynb"
+LESSON = Path(__file__).resolve().parents[2] / "notebooks" / "10_your_own_model.ipynb"
 
 
 def test_the_default_model_is_the_lessons():

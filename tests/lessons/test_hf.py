@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from ckpt_lab import checkpoint_modules  # noqa: E402
 from ckpt_lab.lessons import hf  # noqa: E402
-from ckpt_lab.modules import plan_modules, profile_modules  # noqa: E402
+from ckpt_lab.plan.module_planner import plan_modules, profile_modules  # noqa: E402
 
 IDS = hf.token_batch(2, 64, 256)
 NO_REENTRANT = {"use_reentrant": False}

@@ -2,9 +2,9 @@
 sweep reads where the peak sits and predicts the chunked peak."""
 import torch
 
-from ckpt_lab.data import TextBatches, load_corpus
+from ckpt_lab.training.data import TextBatches, load_corpus
 from ckpt_lab.lessons import large_vocab
-from ckpt_lab.models import build_model, get_config
+from ckpt_lab.training.models import build_model, get_config
 
 
 def _gpt(policy, vocab=300):

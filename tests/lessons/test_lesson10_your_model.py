@@ -5,10 +5,10 @@ import nbformat
 import torch
 from torch import nn
 
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
 
-LESSON = Path(__file__).resolve().parent.parent / "notebooks" / "10_your_own_model.ipynb"
+LESSON = Path(__file__).resolve().parents[2] / "notebooks" / "10_your_own_model.ipynb"
 
 
 def _cell(marker: str) -> str:

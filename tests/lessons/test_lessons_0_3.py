@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NB = Path(__file__).resolve().parent.parent / "notebooks"
+NB = Path(__file__).resolve().parents[2] / "notebooks"
 LESSONS = ["00_tour", "01_where_memory_goes", "02_checkpointing_from_scratch", "03_how_many_segments"]
 ALL = [NB / f"{n}.ipynb" for n in LESSONS] + sorted((NB / "solutions").glob("0[0-3]_*.ipynb"))
 

@@ -6,7 +6,9 @@ import itertools
 import torch
 from torch import nn
 
-from ckpt_lab import memory, planner, profile, profile_layers
+from ckpt_lab import planner, profile_layers
+from ckpt_lab.measure import memory
+from ckpt_lab.plan import profile
 from ckpt_lab.lessons import widgets
 
 from chains import shrinking_convnet

@@ -13,7 +13,7 @@ import pytest
 
 from ckpt_lab.lessons import course, exercises
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NB_DIR = ROOT / "notebooks"
 LESSONS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 SOLUTIONS = sorted((NB_DIR / "solutions").glob("[0-9][0-9]_*_solutions.ipynb"))

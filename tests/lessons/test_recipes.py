@@ -2,7 +2,7 @@
 against their sources), every figure equals its formula or the committed JSON it names, and no
 other number stands in its prose.
 
-Figures are links whose target is a committed JSON file or ckpt_lab/formulas.py and whose title
+Figures are links whose target is a committed JSON file or ckpt_lab/plan/formulas.py and whose title
 says where the number comes from: a key path into the JSON (dots between keys, optionally
 `/ divisor`), or a Python expression over `formulas`. The shown number must equal the value
 rounded to the digits shown (a fraction such as 4/3 must equal it exactly).
@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ckpt_lab import formulas
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "recipes.md"
 TEXT = PAGE.read_text()
 
@@ -50,7 +50,7 @@ def _value(target: str, title: str) -> float:
         for key in path.split("."):
             node = node[key]
         return node / float(divisor) if divisor else node
-    assert target.endswith("ckpt_lab/formulas.py"), target
+    assert target.endswith("ckpt_lab/plan/formulas.py"), target
     return eval(title, {"formulas": formulas})
 
 

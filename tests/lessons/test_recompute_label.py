@@ -6,7 +6,7 @@ from torch import nn
 
 from ckpt_lab import track_memory
 from ckpt_lab.lessons.recompute_label import label_recompute
-from ckpt_lab.memory import current_phase
+from ckpt_lab.measure.memory import current_phase
 
 
 def _chain():

@@ -8,8 +8,8 @@ import torch
 
 from ckpt_lab import distributed, formulas, parallel_formulas as pf
 from ckpt_lab.lessons import scale_out
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
 
 CFG = get_config("gpt-cpu", n_layer=2, n_embd=64, n_head=2, block_size=32, dropout=0.0)
 WORLD = 2

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from matplotlib.figure import Figure
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import build_site  # noqa: E402
 import course_map  # noqa: E402
@@ -59,7 +59,7 @@ def executed_notebook(title="Lesson", widget_state=True, takeaways=True, up=""):
            f"Next: [lesson 1]({up}01_where_memory_goes.ipynb), "
            f"[a part]({up}02_checkpointing_from_scratch.ipynb#intro), "
            f"[the step peak]({up}../docs/glossary.md#step-peak), "
-           f"[the planner]({up}../ckpt_lab/planner.py), "
+           f"[the planner]({up}../ckpt_lab/plan/planner.py), "
            "[Colab](https://colab.research.google.com/x.ipynb). Math: $a + b$."),
         code("print('peak 123 MiB')", execution_count=1, outputs=[
             nbformat.v4.new_output("stream", name="stdout", text="peak 123 MiB\n")]),
@@ -190,7 +190,7 @@ def test_links_become_page_links_or_github_links(site):
     assert 'href="01_where_memory_goes.html"' in html                # a page of the site
     github = f"https://github.com/{course.REPO_SLUG}/blob/{course.BRANCH}"
     assert f'href="{github}/notebooks/02_checkpointing_from_scratch.ipynb#intro"' in html
-    assert f'href="{github}/ckpt_lab/planner.py"' in html             # not a page: GitHub
+    assert f'href="{github}/ckpt_lab/plan/planner.py"' in html             # not a page: GitHub
     assert 'href="../docs/glossary.html#step-peak"' in html
     assert 'href="https://colab.research.google.com/x.ipynb"' in html
     assert "colab-badge.svg" not in html                              # badges become links

@@ -12,8 +12,8 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from ckpt_lab import checkpoint, formulas, offload_activations, track_memory
 from ckpt_lab.lessons import compiled, stack
-from ckpt_lab.models import Block, GPTConfig
-from ckpt_lab.snapshot import (cuda_snapshot, record_allocations, save_snapshot,
+from ckpt_lab.training.models import Block, GPTConfig
+from ckpt_lab.measure.snapshot import (cuda_snapshot, record_allocations, save_snapshot,
                                trace_peak_bytes)
 
 
@@ -188,7 +188,7 @@ def test_a_low_budget_reruns_the_forward_before_the_backward_starts():
     forward saves what the allocator sees it keep; at 0.1 the backward re-runs most matmuls,
     many before its first gradient matmul (lesson 11's reason the peak rises)."""
     import torch.nn.functional as F
-    from ckpt_lab.models import build_model, get_config
+    from ckpt_lab.training.models import build_model, get_config
     cfg = get_config("gpt-tiny", dropout=0.0)
     idx = torch.randint(0, cfg.vocab_size, (2, cfg.block_size), generator=torch.Generator().manual_seed(0))
 

@@ -5,8 +5,8 @@ from torch import nn
 
 from ckpt_lab import track_memory
 from ckpt_lab.lessons import widgets
-from ckpt_lab.memory import kept_after_forward
-from ckpt_lab.formulas import chain_step_peak_bytes
+from ckpt_lab.measure.memory import kept_after_forward
+from ckpt_lab.plan.formulas import chain_step_peak_bytes
 
 
 def _torch_peak(blocks: nn.Sequential, x, segments: int) -> int:

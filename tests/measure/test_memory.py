@@ -279,7 +279,7 @@ def test_storage_resized_to_zero_leaves_the_books():
     del x
     # outside the block the storage method is PyTorch's own again
     assert torch.UntypedStorage.resize_ is not None
-    from ckpt_lab import memory
+    from ckpt_lab.measure import memory
     assert torch.UntypedStorage.resize_ is memory._original_storage_resize
 
 

@@ -22,9 +22,9 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from ckpt_lab import checkpoint, track_memory
-from ckpt_lab.allocator import profiled_memory
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
+from ckpt_lab.measure.allocator import profiled_memory
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
 
 RNG_STATE_BYTES = torch.get_rng_state().numel()   # the CPU generator's state: 5056 bytes
 
@@ -409,7 +409,7 @@ def test_allocator_mode_drops_the_profilers_trace_lines_and_nothing_else(capfd):
     with track_memory(allocator=True) as mem:
         torch.ones(10)
     assert "USDT" not in capfd.readouterr().err and mem.allocator_peak_bytes == 40
-    from ckpt_lab.allocator import without_trace_lines
+    from ckpt_lab.measure.allocator import without_trace_lines
     with without_trace_lines():
         os.write(2, b"USDT:2026 x.cpp:52] profiler_start\nan error the user must see\n")
     assert capfd.readouterr().err == "an error the user must see\n"

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_lab.timing import forward_share
+from ckpt_lab.measure.timing import forward_share
 
 
 class Sleep(nn.Module):

@@ -13,7 +13,7 @@ from torch import nn
 from ckpt_lab import formulas as F
 from ckpt_lab import track_memory
 from ckpt_lab.__main__ import main
-from ckpt_lab.capacity import (ARCHITECTURES, TransformerConfig, cheapest, parse_bytes,
+from ckpt_lab.plan.capacity import (ARCHITECTURES, TransformerConfig, cheapest, parse_bytes,
                                plan_table, step_flops, strategy_rows)
 
 SMALL = TransformerConfig(layers=24, hidden=1024, heads=16, seq=2048, micro_batch=8)
@@ -40,7 +40,7 @@ def test_segments_of_k_blocks_recompute_what_the_glossary_says():
     """docs/glossary.md#segments-of-k-blocks: the planner leaves the last group of k blocks
     uncheckpointed (L - k blocks re-run, as checkpoint_sequential runs them), while the models'
     policy "every:k" checkpoints every group, the last included."""
-    from ckpt_lab.models import build_model, get_config
+    from ckpt_lab.training.models import build_model, get_config
     rows = {r.strategy: r for r in strategy_rows(SMALL, parse_bytes("24GiB")) if r.accumulation_steps == 1}
     one_forward = step_flops(SMALL, 8) / 3 - 2 * 8 * 2048 * 1024 * SMALL.vocab   # the blocks' forward
     for k in (1, 2, 4, 8):
@@ -50,7 +50,7 @@ def test_segments_of_k_blocks_recompute_what_the_glossary_says():
     model = build_model(get_config("gpt-cpu", n_layer=4, n_embd=32, n_head=2, block_size=16), policy="every:2")
     blocks = [s for s in model.segments() if s[1] - s[0] == 2]
     assert len(blocks) == 2 and all(checkpointed for _, _, checkpointed in blocks)
-    text = (Path(__file__).parent.parent / "docs" / "glossary.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "glossary.md").read_text()
     entry = text[text.index("### Segments of k blocks"):text.index("### Every k-th block")]
     assert "the last included, so every block is recomputed" in entry and "L − k of the L blocks" in entry
 

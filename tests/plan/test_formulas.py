@@ -1,4 +1,4 @@
-"""The formulas: hand-checked arithmetic, the articles' numbers, and brute-force cross-checks."""
+"""The formulas: hand-checked arithmetic and brute-force cross-checks."""
 import math
 
 import pytest
@@ -125,26 +125,6 @@ def test_flops():
         F.transformer_flops(2, h, s, b, V, "full", recomputed_layers=3)
 
 
-def test_article_a_as_stated_and_corrected():
-    assert F.article_saving_fraction(48, 8) == pytest.approx(0.8333, abs=1e-4)
-    a = F.megatron_layer_bytes(2048, 1, 4096, 32)
-    corrected = F.corrected_saving_fraction(48, 8, a, 2 * 2048 * 4096)
-    assert 0.86 < corrected < 0.875  # 1 - 6/48 - 7 b / (48 a)
-    with pytest.raises(ValueError):
-        F.article_saving_fraction(0, 1)
-
-
-def test_article_b_as_stated_and_corrected():
-    mib = 1024 * 1024
-    args = (100, 8, 512, 1024)
-    assert F.article_mem_no_ckpt(*args) == 800 * mib == 838_860_800
-    assert F.article_mem_ckpt(*args) == 104 * mib  # (10 + 1) + 2 tensors of 8 MiB
-    assert F.article_printed_ckpt(*args) == pytest.approx(10.4)  # the extra / 10
-    assert F.article_claimed_ckpt(*args) == 80 * mib
-    assert F.corrected_mem_ckpt(*args) == 152 * mib  # 9 kept inputs + a 10-layer segment
-    assert 1 - F.corrected_mem_ckpt(*args) / F.article_mem_no_ckpt(*args) == pytest.approx(0.81)
-
-
 def saved_storage_bytes(module, x):
     """Bytes of distinct non-parameter storages autograd saves while module(x) runs."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
@@ -164,7 +144,7 @@ def saved_storage_bytes(module, x):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B, T, C, a", [(2, 16, 32, 2), (3, 8, 64, 4)])
 def test_gpt_block_terms_equal_what_autograd_saves(dtype, B, T, C, a):
-    from ckpt_lab.models import GPTConfig, build_model
+    from ckpt_lab.training.models import GPTConfig, build_model
     block = build_model(GPTConfig(block_size=T, n_head=a, n_embd=C, n_layer=1)).blocks()[0]
     block = block.to(dtype)
     x = torch.randn(B, T, C, dtype=dtype, requires_grad=True)
@@ -181,7 +161,7 @@ def test_gpt_block_terms_equal_what_autograd_saves(dtype, B, T, C, a):
 
 
 def test_mlp_block_saves_one_tensor_besides_its_input():
-    from ckpt_lab.models import MLPConfig, build_model
+    from ckpt_lab.training.models import MLPConfig, build_model
     block = build_model(MLPConfig(block_size=8, width=16, depth=1)).blocks()[0]
     x = torch.randn(4, 8, 16, requires_grad=True)
     saved, _ = saved_storage_bytes(block, x)

@@ -17,8 +17,8 @@ from torch import nn
 
 from ckpt_lab import planner, profile_layers, track_memory
 from ckpt_lab.checkpoint import checkpoint, checkpoint_sequential
-from ckpt_lab.models import build_model, get_config
-from ckpt_lab.profile import _Untouched
+from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab.plan.profile import _Untouched
 
 import chains
 from test_plan_step import all_plans, random_profile

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from ckpt_lab import checkpoint_modules, track_memory
-from ckpt_lab.models import GPT, Block, GPTConfig
-from ckpt_lab.modules import plan_modules, profile_module_step
-from ckpt_lab.planner import BudgetTooSmallError
+from ckpt_lab.training.models import GPT, Block, GPTConfig
+from ckpt_lab.plan.module_planner import plan_modules, profile_module_step
+from ckpt_lab.plan.planner import BudgetTooSmallError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

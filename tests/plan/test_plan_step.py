@@ -14,10 +14,12 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_lab import planner, profile, profile_layers
+from ckpt_lab import planner, profile_layers
+from ckpt_lab.plan import profile
 from ckpt_lab.lessons import widgets
-from ckpt_lab.models import Block, ConvBNReLU, Embed, GPTConfig, LMHead, MLPBlock, PoolHead, ResBlock
-from ckpt_lab.profile import LayerProfile
+from ckpt_lab.training.models import (Block, ConvBNReLU, Embed, GPTConfig, LMHead, MLPBlock,
+                                      PoolHead, ResBlock)
+from ckpt_lab.plan.profile import LayerProfile
 
 import chains
 
@@ -252,7 +254,7 @@ def test_profile_leaves_grads_batchnorm_statistics_and_rng_alone():
 
 
 def test_backward_work_bytes_leaves_grad_alone():
-    from ckpt_lab import memory
+    from ckpt_lab.measure import memory
     torch.manual_seed(0)
     lin = nn.Linear(8, 32)
     lin.weight.grad = torch.ones_like(lin.weight)
@@ -335,7 +337,7 @@ def test_what_the_allocator_holds_beyond_a_budget(one_thread):
     live checkpoint keeps the CPU generator's state on top, 5,056 bytes, which the allocator's
     own events see and track_memory does not."""
     from ckpt_lab import checkpoint_sequential, track_memory
-    from ckpt_lab.allocator import profiled_memory
+    from ckpt_lab.measure.allocator import profiled_memory
     layers, x = mlp()
     prof = profile_layers(layers, x, repeats=1)
     plan = planner.pareto_front(prof)[0]               # the tightest: the most checkpoints

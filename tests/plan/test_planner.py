@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ckpt_lab import checkpoint_sequential, profile_layers, track_memory
-from ckpt_lab.planner import (BudgetTooSmallError, Plan, evaluate_plan, minimum_peak,
+from ckpt_lab.plan.planner import (BudgetTooSmallError, Plan, evaluate_plan, minimum_peak,
                               optimal_segments, pareto_front, uniform_plan)
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckpt_lab.data import (SAMPLE_MAX_BYTES, SAMPLE_PATH, ImageBatches, TextBatches,
+from ckpt_lab.training.data import (SAMPLE_MAX_BYTES, SAMPLE_PATH, ImageBatches, TextBatches,
                            batches_for, build_corpus, decode, load_corpus, main, split_corpus,
                            stdlib_sources)
-from ckpt_lab import data as data_module
-from ckpt_lab.models import get_config
+from ckpt_lab.training import data as data_module
+from ckpt_lab.training.models import get_config
 
 
 def test_committed_sample_is_small_ascii_python():
@@ -27,7 +27,7 @@ def test_load_corpus_is_byte_tokens():
     assert len(tokens) == SAMPLE_PATH.stat().st_size
     assert int(tokens.max()) < 128
     assert decode(tokens[:13]) == "# ---- file: "
-    with pytest.raises(ValueError, match="python -m ckpt_lab.data"):
+    with pytest.raises(ValueError, match="python -m ckpt_lab.training.data"):
         load_corpus("/nonexistent/corpus.txt")
 
 
@@ -113,14 +113,14 @@ def test_split_and_batches_for_configs():
 
 
 def test_a_missing_sample_is_a_clear_error_not_a_rebuild(monkeypatch, tmp_path):
-    import ckpt_lab.data as data
+    import ckpt_lab.training.data as data
     monkeypatch.setattr(data, "SAMPLE_PATH", tmp_path / "missing.txt")
     with pytest.raises(ValueError, match="missing from this install"):
         data.load_corpus()
 
 
 def test_sample_matches_the_checksum_its_readme_states():
-    readme = (Path(__file__).resolve().parents[1] / "data" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "data" / "README.md").read_text()
     digest = re.search(r"sha256 `([0-9a-f]{64})`", readme).group(1)
     assert hashlib.sha256(SAMPLE_PATH.read_bytes()).hexdigest() == digest
 

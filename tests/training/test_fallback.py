@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from ckpt_lab import track_memory
-from ckpt_lab.fallback import (NoConfigFitsError, StepConfig, chain_step, config_flops,
+from ckpt_lab.training.fallback import (NoConfigFitsError, StepConfig, chain_step, config_flops,
                                median_seconds, next_config, policy_for, run_config,
                                run_with_fallback)
-from ckpt_lab.models import MLPConfig, build_model
+from ckpt_lab.training.models import MLPConfig, build_model
 
 
 def make_step(limit_bytes):

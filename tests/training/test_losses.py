@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 import ckpt_lab
 from ckpt_lab import formulas, track_memory
-from ckpt_lab.allocator import profiled_memory
-from ckpt_lab.losses import chunked_cross_entropy
+from ckpt_lab.measure.allocator import profiled_memory
+from ckpt_lab.training.losses import chunked_cross_entropy
 
 # Tolerances for chunks > 1: the chunks' summed losses are added in another order than
 # nll_loss's own sum, and the weight's gradient is a sum of per-chunk matmuls. Measured here:

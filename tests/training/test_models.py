@@ -7,8 +7,8 @@ from torch import nn
 
 from ckpt_lab import track_memory
 from ckpt_lab.checkpoint import checkpoint_sequential
-from ckpt_lab.models import (GPT, PRESETS, CheckpointPolicy, GPTConfig, MLPChain, MLPConfig,
-                             ResNet, ResNetConfig, build_model, get_config)
+from ckpt_lab.training.models import (GPT, PRESETS, CheckpointScheme, GPTConfig, MLPChain,
+                                      MLPConfig, ResNet, ResNetConfig, build_model, get_config)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -51,27 +51,34 @@ def assert_same(a, b):
     ([0, 2, 4], "boundaries", 1, (0, 2, 4)), ((0, 3), "boundaries", 1, (0, 3)),
 ])
 def test_policy_parse(spec, kind, group, bounds):
-    p = CheckpointPolicy.parse(spec, impl="reentrant")
+    p = CheckpointScheme.parse(spec, impl="reentrant")
     assert (p.kind, p.group, p.boundaries, p.impl) == (kind, group, bounds, "reentrant")
 
 
 def test_policy_parse_accepts_a_plan_object_and_keeps_a_policy():
     class Plan:
         boundaries = [0, 1, 3]
-    assert CheckpointPolicy.parse(Plan()).boundaries == (0, 1, 3)
-    numpy_starts = CheckpointPolicy.parse([np.int64(0), np.int64(2)]).boundaries
+    assert CheckpointScheme.parse(Plan()).boundaries == (0, 1, 3)
+    numpy_starts = CheckpointScheme.parse([np.int64(0), np.int64(2)]).boundaries
     assert numpy_starts == (0, 2) and type(numpy_starts[1]) is int
-    p = CheckpointPolicy("every", group=2, impl="torch")
-    assert CheckpointPolicy.parse(p) is p
-    assert CheckpointPolicy.parse(p, impl="hooks").impl == "hooks"
+    p = CheckpointScheme("every", group=2, impl="torch")
+    assert CheckpointScheme.parse(p) is p
+    assert CheckpointScheme.parse(p, impl="hooks").impl == "hooks"
     assert str(p) == "every:2 (torch)"
+
+
+def test_checkpoint_policy_is_the_old_name_of_checkpoint_scheme():
+    """Old code that imports CheckpointPolicy (not PyTorch's per-op one) keeps working."""
+    import ckpt_lab
+    assert ckpt_lab.CheckpointPolicy is ckpt_lab.CheckpointScheme is CheckpointScheme
+    assert ckpt_lab.CheckpointPolicy.parse("every:2") == CheckpointScheme("every", group=2)
 
 
 @pytest.mark.parametrize("spec", ["bogus", "every:0", "every:x", "every:-1", [], ["a"],
                                   [True], 3.5, {"boundaries": 1}])
 def test_bad_policy_spec_raises_and_lists_valid_ones(spec):
     with pytest.raises(ValueError, match="valid|positive"):
-        CheckpointPolicy.parse(spec)
+        CheckpointScheme.parse(spec)
 
 
 def test_bad_policy_for_a_model_raises():
@@ -269,7 +276,7 @@ def test_resnet_batchnorm_stats_updated_once_under_checkpoint(policy, impl):
 
 def test_batchnorm_stats_right_even_inside_a_user_phase_label():
     """A user's own phase label around backward must not hide torch's recompute."""
-    from ckpt_lab.memory import phase
+    from ckpt_lab.measure.memory import phase
     cfg = get_config("resnet-tiny")
     x, y = image_batch(cfg)
     model = build_model(cfg, "every", impl="torch")

@@ -3,10 +3,11 @@ gives, FLOPs per step, and measure_throughput's rows (tiny sizes; times not judg
 import pytest
 import torch
 
-from ckpt_lab.data import TextBatches, load_corpus
-from ckpt_lab.models import build_model, get_config
-from ckpt_lab.throughput import (Setup, budget_setups, largest_micro_batch, measure_throughput,
-                                 micro_batch_sizes, step_flops, step_peak_bytes)
+from ckpt_lab.training.data import TextBatches, load_corpus
+from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab.training.throughput import (Setup, budget_setups, largest_micro_batch,
+                                          measure_throughput, micro_batch_sizes, step_flops,
+                                          step_peak_bytes)
 
 
 @pytest.fixture(scope="module")

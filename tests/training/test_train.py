@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from ckpt_lab.data import ImageBatches, TextBatches, load_corpus, split_corpus
-from ckpt_lab.models import CheckpointPolicy, build_model, get_config
-from ckpt_lab.train import (StepRecord, load_run_state, make_optimizer, save_run_state, train)
+from ckpt_lab.training.data import ImageBatches, TextBatches, load_corpus, split_corpus
+from ckpt_lab.training.models import CheckpointScheme, build_model, get_config
+from ckpt_lab.training.loop import StepRecord, load_run_state, make_optimizer, save_run_state, train
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -136,7 +136,7 @@ def test_bad_arguments_raise():
         train(model, gpt_batches(), 1, precision="fp8", progress=False)
     with pytest.raises(ValueError, match="micro_batches"):
         train(model, gpt_batches(), 1, micro_batches=0, progress=False)
-    assert model.policy == CheckpointPolicy("none")
+    assert model.policy == CheckpointScheme("none")
     with pytest.raises(ValueError, match="set_policy"):
         train(torch.nn.Linear(2, 2), gpt_batches(), 1, policy="every", progress=False)
 
@@ -144,7 +144,7 @@ def test_bad_arguments_raise():
 def test_policy_given_to_train_stays_on_the_model():
     model = build_model(GPT)
     train(model, gpt_batches(), 1, policy="every:2", impl="reentrant", progress=True)
-    assert model.policy == CheckpointPolicy("every", group=2, impl="reentrant")
+    assert model.policy == CheckpointScheme("every", group=2, impl="reentrant")
 
 
 def test_train_benchmark_runs_quick_and_meets_the_flop_expectation(tmp_path):

@@ -12,7 +12,7 @@ not, "not answered yet" for ``None``, and returns a bool; it never raises on a w
 so a notebook left unanswered still runs top to bottom. ``question(key)`` gives the text.
 
 Expected answers are never typed in: each is computed when checked, from
-`ckpt_lab.formulas` or by measuring a small run with `track_memory` and PyTorch.
+`ckpt_lab.plan.formulas` or by measuring a small run with `track_memory` and PyTorch.
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ SEGMENTS = 4            # the tour's segments of the model's 14 layers (embeddin
 
 
 def _model_and_batches():
-    from ckpt_lab.data import TextBatches, load_corpus
-    from ckpt_lab.models import MLPConfig, build_model
+    from ckpt_lab.training.data import TextBatches, load_corpus
+    from ckpt_lab.training.models import MLPConfig, build_model
     config = MLPConfig(**TOUR)
     batches = TextBatches(load_corpus(), BATCH, TOUR["block_size"])
     return (lambda: build_model(config)), batches
@@ -38,7 +38,7 @@ def _step(model, x, y, segments: int):
 @functools.lru_cache(maxsize=1)
 def peak_ratio() -> float:
     """Measured: the checkpointed step's peak over the plain step's, at the tour's CPU sizes."""
-    from ckpt_lab.memory import track_memory
+    from ckpt_lab.measure.memory import track_memory
     make, batches = _model_and_batches()
     x, y = batches.get(0)
     peaks = []

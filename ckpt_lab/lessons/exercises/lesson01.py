@@ -14,8 +14,8 @@ CONFIG = dict(block_size=64, width=128, depth=8)     # the lesson's CPU sizes
 
 def step_parts(batch: int, config: dict = CONFIG, device="cpu") -> dict[str, int]:
     """Measured: the bytes each part of one fp32 AdamW step creates, at one batch size."""
-    from ckpt_lab.memory import track_memory
-    from ckpt_lab.models import MLPConfig, build_model
+    from ckpt_lab.measure.memory import track_memory
+    from ckpt_lab.training.models import MLPConfig, build_model
     with track_memory() as p:
         model = build_model(MLPConfig(**config)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -40,8 +40,8 @@ def parts_that_grow() -> frozenset:
 
 def mixed_adam_parts(config: dict = CONFIG, batch: int = 2, device="cpu") -> dict[str, int]:
     """Measured: bf16 weights and gradients, an fp32 master copy that AdamW updates, bytes by part."""
-    from ckpt_lab.memory import track_memory
-    from ckpt_lab.models import MLPConfig, build_model
+    from ckpt_lab.measure.memory import track_memory
+    from ckpt_lab.training.models import MLPConfig, build_model
     with track_memory() as w:
         half = build_model(MLPConfig(**config)).to(device, torch.bfloat16)
     with track_memory() as m:
@@ -64,7 +64,7 @@ def mixed_adam_parts(config: dict = CONFIG, batch: int = 2, device="cpu") -> dic
 def mixed_adam_bytes_per_param() -> float:
     """Measured: model-state bytes per parameter of bf16 mixed precision with AdamW."""
     parts = mixed_adam_parts(dict(block_size=16, width=64, depth=2))
-    from ckpt_lab.models import MLPConfig, build_model
+    from ckpt_lab.training.models import MLPConfig, build_model
     n = sum(p.numel() for p in build_model(MLPConfig(block_size=16, width=64, depth=2)).parameters())
     return sum(parts.values()) / n
 

@@ -8,7 +8,7 @@ import functools
 import torch
 from torch import nn
 
-from ckpt_lab.memory import kept_after_forward
+from ckpt_lab.measure.memory import kept_after_forward
 
 from .base import Exercise, _number, near
 
@@ -48,7 +48,7 @@ def kept_tensors() -> float:
 def torch_verdicts() -> dict:
     """Measured: "right", "wrong" or "refuses" for each of lesson 2's six faults
     (`correctness.FAULTS`) under torch's non-reentrant checkpoint."""
-    from ckpt_lab.lessons import correctness
+    from ckpt_lab.checkpoint import cases as correctness
     return {case.name: KINDS[correctness.outcome(case, "torch non-reentrant")[0].lower()]
             for case in correctness.FAULTS}
 

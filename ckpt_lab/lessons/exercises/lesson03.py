@@ -21,8 +21,8 @@ def chain_logs(layers: int, segments, width: int = 64, tokens: int = 512) -> dic
     """Measured: {S: MemoryLog} of one step of `layers` MLP blocks for each segment count S."""
     from torch.utils.checkpoint import checkpoint_sequential
     from ckpt_lab.lessons.recompute_label import label_recompute
-    from ckpt_lab.memory import track_memory
-    from ckpt_lab.models import MLPBlock
+    from ckpt_lab.measure.memory import track_memory
+    from ckpt_lab.training.models import MLPBlock
     torch.manual_seed(0)
     blocks = nn.Sequential(*[MLPBlock(width) for _ in range(layers)])
     x = torch.randn(tokens, width, requires_grad=True)
@@ -72,8 +72,8 @@ def uneven_log(layers: int = 16, boundaries=tuple(UNEVEN), width: int = 64, toke
     """Measured: the MemoryLog of one step of `layers` MLP blocks under ckpt_lab's
     checkpoint_sequential with segments starting at `boundaries` (its recompute is labelled)."""
     from ckpt_lab import checkpoint_sequential
-    from ckpt_lab.memory import track_memory
-    from ckpt_lab.models import MLPBlock
+    from ckpt_lab.measure.memory import track_memory
+    from ckpt_lab.training.models import MLPBlock
     torch.manual_seed(0)
     blocks = nn.Sequential(*[MLPBlock(width) for _ in range(layers)])
     x = torch.randn(tokens, width, requires_grad=True)

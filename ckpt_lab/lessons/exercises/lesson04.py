@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab.models import GPTConfig, build_model
+from ckpt_lab.training.models import GPTConfig, build_model
 
 from .base import Exercise, _number, near
 

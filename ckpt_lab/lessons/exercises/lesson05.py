@@ -7,8 +7,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ckpt_lab.memory import kept_after_forward, track_memory
-from ckpt_lab.models import Block, GPTConfig, build_model
+from ckpt_lab.measure.memory import kept_after_forward, track_memory
+from ckpt_lab.training.models import Block, GPTConfig, build_model
 
 from .base import Exercise, near
 

@@ -61,7 +61,7 @@ def conv_net(channels: int = 8, per_scale: int = 3, batch: int = 8, image: int =
     `forward_seconds`; that field holds the layer's forward FLOPs here (`forward_flops`),
     since per-layer timings jitter on a shared CPU. Built once per size: the lesson and the checks of its
     predictions share it (`widgets.measure_plan_peak` leaves it as it found it)."""
-    from ckpt_lab.profile import profile_layers
+    from ckpt_lab.plan.profile import profile_layers
     layers, x = _conv_net(channels, per_scale, batch, image, torch.device(device))
     profile = [dataclasses.replace(p, forward_seconds=f)   # FLOPs in the planner's cost field
                for p, f in zip(profile_layers(layers, x, repeats=1), forward_flops(layers, x))]
@@ -143,7 +143,7 @@ def bisection_growth() -> float:
     grows when a chain of identical MLPBlocks doubles from 16 to 32 blocks."""
     from ckpt_lab import checkpoint_recursive
     from ckpt_lab.lessons.widgets import measure_plan_peak
-    from ckpt_lab.models import MLPBlock
+    from ckpt_lab.training.models import MLPBlock
 
     class Bisected(nn.Module):
         def __init__(self, chain):

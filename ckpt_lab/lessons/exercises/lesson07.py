@@ -12,8 +12,8 @@ import functools
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab.memory import track_memory
-from ckpt_lab.models import build_model, get_config
+from ckpt_lab.measure.memory import track_memory
+from ckpt_lab.training.models import build_model, get_config
 
 from .base import Exercise, near, one_of
 
@@ -23,7 +23,7 @@ ORDER = ("below", "equal", "above")
 
 @functools.lru_cache(maxsize=1)
 def _batch():
-    from ckpt_lab.data import TextBatches, load_corpus
+    from ckpt_lab.training.data import TextBatches, load_corpus
     return TextBatches(load_corpus(), BATCH, SEQ).get(0)
 
 

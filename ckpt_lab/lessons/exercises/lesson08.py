@@ -59,7 +59,7 @@ _fits = name_set(MODELS, models_that_fit, _fits_right, _fits_hints, what="model 
 
 def course_gpt():
     """The course's GPT config at the lesson's CPU sizes, and one batch (inputs, targets)."""
-    from ckpt_lab.models import get_config
+    from ckpt_lab.training.models import get_config
     s = CPU_SIZES
     cfg = get_config("gpt-cpu", block_size=s["seq"], n_layer=s["n_layer"], n_embd=s["n_embd"],
                      n_head=s["n_head"], dropout=0.0)
@@ -72,7 +72,7 @@ def course_gpt():
 def planner_ratios() -> dict:
     """measured / planned activation peak of each strategy at the lesson's CPU sizes, one step."""
     from ckpt_lab import capacity, track_memory
-    from ckpt_lab.models import build_model
+    from ckpt_lab.training.models import build_model
     cfg, x, y = course_gpt()
     small = capacity.TransformerConfig(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size,
                                        vocab=cfg.vocab_size, micro_batch=x.shape[0],
@@ -125,8 +125,8 @@ def _planner_error(answer):
 def accumulation_time_ratio(repeats: int = 9) -> float:
     """CPU time of the batch in 4 accumulated micro-batches over one plain step (same FLOPs),
     measured once per process: the judge and the solutions' printout read the same timing."""
-    from ckpt_lab import fallback
-    from ckpt_lab.models import build_model
+    from ckpt_lab.training import fallback
+    from ckpt_lab.training.models import build_model
     cfg, x, y = course_gpt()
     model = build_model(cfg)
     plain = fallback.StepConfig(0, 1, x.shape[0])

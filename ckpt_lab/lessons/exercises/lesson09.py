@@ -1,5 +1,5 @@
 """Exercises of lesson 9 (do the articles' numbers hold?): three committed predictions, each
-answer computed from `ckpt_lab.formulas`, whose chain model the lesson holds to measurements."""
+answer computed from `ckpt_lab.plan.formulas`, whose chain model the lesson holds to measurements."""
 from __future__ import annotations
 
 import math

@@ -29,7 +29,7 @@ def default_model(width: int = WIDTH) -> nn.Sequential:
 @lru_cache(maxsize=1)
 def default_profile():
     """profile_layers of the default model on a batch of BATCH (memory fields are exact)."""
-    from ckpt_lab.profile import profile_layers
+    from ckpt_lab.plan.profile import profile_layers
     model = default_model().train()
     return tuple(profile_layers(list(model), torch.randn(BATCH, 64), repeats=1))
 

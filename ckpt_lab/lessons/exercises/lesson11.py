@@ -88,7 +88,7 @@ def core_freed_percent(attn_impl: str = "manual", batch: int = 2, seq: int = 64,
     """Measured: % of a GPT block's kept bytes that recomputing only its attention core frees,
     attention written out ("manual") or fused ("sdpa"), dropout 0, at the lesson's CPU sizes."""
     from ckpt_lab.lessons import stack
-    from ckpt_lab.models import Block, GPTConfig
+    from ckpt_lab.training.models import Block, GPTConfig
     torch.manual_seed(0)
     block = Block(GPTConfig(n_embd=hidden, n_head=heads, block_size=seq, dropout=0.0,
                             attn_impl=attn_impl))

@@ -22,7 +22,7 @@ def fsdp_halving_bands(world: int = 2, rows: int = 8) -> frozenset:
     """Bands of a rank's memory that FSDP on `world` ranks holds at half (within 10%) of one
     process's, by the formulas lesson 12 checks its measurements against."""
     from ckpt_lab import formulas, parallel_formulas as pf
-    from ckpt_lab.models import build_model, get_config
+    from ckpt_lab.training.models import build_model, get_config
     cfg = get_config("gpt-cpu", block_size=64, n_layer=4, n_embd=128, n_head=4, dropout=0.0)
     numels = [p.numel() for p in build_model(cfg).parameters()]
 
@@ -68,9 +68,9 @@ def failing_ddp_configurations() -> frozenset:
     6 to 8 are ckpt_lab's designs, no part of the question) of the DDP configurations whose
     two steps raise, run on one rank of a tiny GPT."""
     from ckpt_lab import distributed
-    from ckpt_lab.data import TextBatches, load_corpus
+    from ckpt_lab.training.data import TextBatches, load_corpus
     from ckpt_lab.lessons import scale_out
-    from ckpt_lab.models import get_config
+    from ckpt_lab.training.models import get_config
     cfg = get_config("gpt-cpu", block_size=16, n_layer=2, n_embd=32, n_head=2, dropout=0.0)
     x, y = TextBatches(load_corpus(), 2, cfg.block_size).get(0)
     rows = distributed.launch(scale_out.ddp_pitfalls, cfg, x, y, world_size=1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ckpt_lab.memory import MemoryLog
+from ckpt_lab.measure.memory import MemoryLog
 
 from .style import MEASURED, MIB, PHASE_COLORS, RUN_COLORS, SERIES_COLORS, _axes
 

@@ -149,7 +149,7 @@ def throughput_panels(panels: dict, title="Tokens per second against the step's 
     micro-batch x accumulation; hollow where it does not fit; the budget as a dashed line.
 
     ``panels`` maps a panel title to (budget_bytes, rows), rows as dicts with the fields of
-    `ckpt_lab.throughput.ThroughputRow` (``dataclasses.asdict`` or a committed JSON file).
+    `ckpt_lab.training.throughput.ThroughputRow` (``dataclasses.asdict`` or a committed JSON file).
     """
     fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.6), squeeze=False)
     for ax, (name, (budget, rows)) in zip(axes[0], panels.items()):

@@ -1,7 +1,7 @@
 """The rank functions of lesson 12: what each process runs under `distributed.launch`.
 
 They live in this package, not in the notebook, because every rank is a fresh Python
-interpreter that imports the function it runs by module and name (see `ckpt_lab.distributed`).
+interpreter that imports the function it runs by module and name (see `ckpt_lab.training.distributed`).
 Each one builds the same seeded GPT on every rank, takes its share of a global batch the caller
 passes in, runs one measured training step and returns plain numbers (and tensors) to the
 caller. One module per kind of run, every name re-exported here (``scale_out.ddp_step``):

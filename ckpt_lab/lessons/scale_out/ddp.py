@@ -9,9 +9,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from ckpt_lab.distributed import peak_rss_bytes
-from ckpt_lab.memory import track_memory
-from ckpt_lab.models import build_model
+from ckpt_lab.training.distributed import peak_rss_bytes
+from ckpt_lab.measure.memory import track_memory
+from ckpt_lab.training.models import build_model
 
 from .ranks import (_check_rows, _grads, _mean_over_ranks, _my_rows, _state_bytes, _zero_grads,
                     device)

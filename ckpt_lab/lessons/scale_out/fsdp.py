@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ckpt_lab.distributed import peak_rss_bytes
-from ckpt_lab.memory import current_phase, track_memory
-from ckpt_lab.models import build_model
-from ckpt_lab.modules import checkpoint_modules
+from ckpt_lab.training.distributed import peak_rss_bytes
+from ckpt_lab.measure.memory import current_phase, track_memory
+from ckpt_lab.training.models import build_model
+from ckpt_lab.checkpoint.wrap import checkpoint_modules
 
 from .ranks import _check_rows, _mean_over_ranks, _my_rows, _state_bytes, device
 
@@ -61,7 +61,7 @@ def _fsdp_params(model) -> list:
 def apply_checkpointing(model, how: str):
     """Checkpoint every transformer block of a `models.GPT` in place: "none", "ckpt_lab"
     (ckpt_lab.checkpoint_modules, hooks) or "torch" (PyTorch's apply_activation_checkpointing)."""
-    from ckpt_lab.models import Block
+    from ckpt_lab.training.models import Block
     if how == "none":
         return model
     if how == "ckpt_lab":

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ckpt_lab.distributed import peak_rss_bytes
-from ckpt_lab.memory import track_memory
-from ckpt_lab.models import build_model
+from ckpt_lab.training.distributed import peak_rss_bytes
+from ckpt_lab.measure.memory import track_memory
+from ckpt_lab.training.models import build_model
 
 from .ranks import _grads, _zero_grads, check_batch, device
 

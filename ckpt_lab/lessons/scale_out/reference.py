@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ckpt_lab.memory import track_memory
-from ckpt_lab.models import build_model
+from ckpt_lab.measure.memory import track_memory
+from ckpt_lab.training.models import build_model
 
 from .ranks import _grads, _state_bytes, _zero_grads
 
