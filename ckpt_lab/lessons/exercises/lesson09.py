@@ -57,8 +57,8 @@ def _best_segments_transformer(answer):
     s = int(value)
     cont = round(math.sqrt(48 * 18))
     why = {round(math.sqrt(48)): "sqrt(L) is the bottom when a layer keeps what it passes on "
-                                 "(a = b); here a = 18 b moves it right",
-           cont: f"sqrt(L a / b) ~ {cont} is the continuous optimum, but checkpoint_sequential "
+                                 "(A = X); here A = 18 X moves it right",
+           cont: f"sqrt(L A / X) ~ {cont} is the continuous optimum, but checkpoint_sequential "
                  f"gives each of {cont} segments 48 // {cont} = {48 // cont} block(s) and the "
                  f"last one the other {48 - (cont - 1) * (48 // cont)}"}.get(s, "")
     return False, (f"S = {s} peaks at {peak(s)} units against {peak(expected)} at the best"
