@@ -278,14 +278,3 @@ def worst(verdicts) -> str:
     """The weakest of several verdicts (a claim that must hold everywhere is as weak as that)."""
     return max(verdicts, key=VERDICTS.index)
 
-
-def at_scale(policy: str, here: float, where_here: str) -> tuple[float, str, str | None]:
-    """A step-time claim decided at scale: (slowdown, what was measured, where) from the
-    committed GPU run's `policy` when present, else this machine's `here` (where=None)."""
-    from ckpt_lab.lessons import gpu_results
-    run = gpu_results.policy(policy)
-    if run is None:
-        return here, f"{here:+.0%} step time", None
-    t = run["time_ratio"] - 1
-    return t, (f"+{t:.0%} step time for +{run['flop_ratio'] - 1:.0%} of a step's FLOPs; "
-               f"{where_here}: {here:+.0%}"), gpu_results.label()

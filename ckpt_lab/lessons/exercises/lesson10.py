@@ -135,7 +135,7 @@ def _step_grads(model, step, seed: int = 7):
 
 
 def _step_peak(model, step) -> int:
-    from ckpt_lab.memory import track_memory
+    from ckpt_lab import track_memory
     model.zero_grad(set_to_none=True)            # the step allocates the gradients: they count
     with track_memory() as mem:
         step().backward()
@@ -155,7 +155,7 @@ def blocks_needed(case: int, budget: int) -> int:
 
 def _fit_one(answer, case: int):
     """None where `answer` fits model `case` of `fit_cases()`, else why not."""
-    from ckpt_lab.modules import CheckpointedModules, checkpoint_modules
+    from ckpt_lab import CheckpointedModules, checkpoint_modules
     name, model, step, block = fit_cases()[case]
     plain = _step_grads(model, step)
     with checkpoint_modules(model, block):
