@@ -218,10 +218,10 @@ def test_nothing_is_fetched_from_the_network(site):
 
 def test_reference_pages_include_the_recipe_card_only_when_it_exists(tmp_path):
     (tmp_path / "docs").mkdir()
-    for doc in ("glossary.md", "decision_guide.md", "architecture.md"):
+    for doc in ("glossary.md", "notation.md", "decision_guide.md", "architecture.md"):
         (tmp_path / "docs" / doc).write_text("# x\n")
-    assert build_site.reference_pages(tmp_path) == ["docs/glossary.md", "docs/decision_guide.md",
-                                                    "docs/architecture.md"]
+    assert build_site.reference_pages(tmp_path) == ["docs/glossary.md", "docs/notation.md",
+                                                    "docs/decision_guide.md", "docs/architecture.md"]
     (tmp_path / "docs" / "recipes.md").write_text("# Recipes\n")
     assert build_site.reference_pages(tmp_path)[-1] == "docs/recipes.md"
     (tmp_path / "docs" / "glossary.md").unlink()
