@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from functools import lru_cache
 
 import torch
 
 from ckpt_lab import formulas
 from ckpt_lab.memory import track_memory
+
+# Offline, and quiet: bitsandbytes logs that an optional CPU kernel package (which would download
+# a kernel, so it is not installed) is missing; peft calls a transformers method that warns it
+# was renamed. Neither changes a number here.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 # Smallest sizes at which every adapter tensor holds >= 4096 values except k and v's B (GQA),
 # so bitsandbytes' 8-bit AdamW quantises most of them and keeps a few in fp32.
@@ -27,10 +35,7 @@ OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit")
 
 
 def _quiet_imports():
-    """peft and bitsandbytes, imported offline; bitsandbytes' notice about an optional CPU
-    kernel package (which would download a kernel, so it is not installed) silenced."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    """peft and bitsandbytes, or an ImportError that says how to install them."""
     try:
         import bitsandbytes
         import peft
@@ -89,7 +94,6 @@ def measured_state(rank: int = 16, base_bits: int = 16, optimizer: str = "adamw"
                    seed: int = 0) -> int:
     """Bytes still allocated after building the tiny Llama, adding LoRA and taking one AdamW
     step: the model state, measured (`track_memory`, all of it made inside)."""
-    import warnings
     peft, _ = _quiet_imports()
     x = torch.randint(0, TINY["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(0))
     with track_memory() as mem, warnings.catch_warnings():

@@ -222,7 +222,8 @@ def _lora_state(answer):
 
 EXERCISES = [
     Exercise("08.fits_141gb", "Llama 2 7B, 13B and 70B, mixed-precision Adam, sequence 4096: "
-             "which can train on ONE 141 GB GPU (peak under 85%) with some checkpointing plan? "
+             "which can train on ONE 141 GB GPU (total peak, model state included, under 85%) "
+             "with some checkpointing plan? "
              "Answer a set such as {'7B', '13B'}.", _fits, expected=models_that_fit),
     Exercise("08.planner_error", "The planner counts what each layer keeps (Megatron's "
              "terms). Against a measured step of the course's GPT, does it read 'high' or "
