@@ -17,8 +17,7 @@ from functools import lru_cache
 
 import torch
 
-from ckpt_lab import formulas
-from ckpt_lab.memory import track_memory
+from ckpt_lab import formulas, track_memory
 
 # Offline, and quiet: bitsandbytes logs that an optional CPU kernel package (which would download
 # a kernel, so it is not installed) is missing; peft calls a transformers method that warns it
