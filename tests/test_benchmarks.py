@@ -59,3 +59,12 @@ def test_throughput_benchmark_reads_each_budget(tmp_path, one_thread):
         assert read["checkpointed_over_plain"] == pytest.approx(
             read["larger_micro_batch_gain"] / read["recompute_cost"])
         assert len({r["step_flops"] for r in rows if r["policy"] == "none"}) == 1
+
+
+def test_planner_benchmark_times_both_forms_of_the_step_model(tmp_path):
+    from benchmarks import bench_planner
+    out = tmp_path / "planner.json"
+    res = bench_planner.main(out_path=out, quick=True)
+    assert json.loads(out.read_text()) == res
+    assert [r["layers"] for r in res["rows"]] == [20, 50]
+    assert all(r["tables_seconds"] > 0 and r["readable_seconds"] > 0 for r in res["rows"])

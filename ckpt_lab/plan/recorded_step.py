@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checkpoint.arguments import tensors_in
 from ..measure.memory import new_storages, track_memory
-from .planner import BudgetTooSmallError, _budget, least_budget_where
+from .budget import BudgetTooSmallError, budget_bytes_of, least_budget_where
 
 
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
@@ -568,7 +568,7 @@ class ModuleStep:
     def plan(self, budget_bytes) -> ModulePlan:
         """The set of least recompute whose predicted step peak fits `budget_bytes` (of those,
         the least peak). Raises BudgetTooSmallError naming the least peak any set reaches."""
-        budget = None if budget_bytes is None else _budget(budget_bytes)
+        budget = None if budget_bytes is None else budget_bytes_of(budget_bytes)
         budget = self.plain_peak_bytes if budget is None else budget
         found = self._cheapest(budget)
         if found is None:

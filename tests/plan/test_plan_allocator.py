@@ -18,6 +18,7 @@ from torch import nn
 from ckpt_lab import planner, profile_layers, track_memory
 from ckpt_lab.checkpoint import checkpoint, checkpoint_sequential
 from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab.plan.step_model import StepModel
 from ckpt_lab.plan.profile import _Untouched
 
 import chains
@@ -141,14 +142,15 @@ def test_planner_tables_equal_the_readable_model_with_allocator_pieces():
     rng = random.Random(5)
     for _ in range(200):
         n = rng.randint(1, 9)
-        step = planner._Step(with_allocator_pieces(rng, random_profile(rng, n)))
-        step._tables()
+        model = StepModel(with_allocator_pieces(rng, random_profile(rng, n)))
+        tables = model.tables()
         for a in range(n - 1):
             for b in range(a + 1, n):
-                forbidden = step.writer[a] is not None
-                assert step.seg[a, b] == (float("inf") if forbidden else step.segment_peak(a, b))
-                assert step.keep_t[b, a] == step.kept(a, b)
-        assert list(step.last) == [step.last_peak(t) for t in range(n)]
+                forbidden = model.input_writer[a] is not None
+                assert tables.segment[a, b] == (float("inf") if forbidden
+                                                else model.segment_peak(a, b))
+                assert tables.kept[a, b] == model.kept(a, b)
+        assert list(tables.last) == [model.last_segment_peak(t) for t in range(n)]
 
 
 def test_allocator_planner_matches_brute_force():
@@ -157,10 +159,10 @@ def test_allocator_planner_matches_brute_force():
     for _ in range(80):
         n = rng.randint(1, 8)
         prof = with_allocator_pieces(rng, random_profile(rng, n))
-        step = planner._Step(prof)
+        model = StepModel(prof)
         plans = []
         for p in all_plans(n):
-            if all(step.writer[a] is None for a in p[:-1]):
+            if all(model.input_writer[a] is None for a in p[:-1]):
                 plans.append(planner.evaluate_plan(p, prof))
         for budget in sorted({q.peak_bytes for q in plans}):
             best = planner.optimal_segments(prof, budget)
