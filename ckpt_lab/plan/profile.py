@@ -36,7 +36,7 @@ With ``allocator=True`` the same pieces are read in the allocator's bytes
 pieces are added that only the allocator sees, what autograd keeps past the saved-tensor
 hooks (so a checkpoint cannot drop it) and the generator states a checkpoint keeps.
 
-`planner.step_peak_bytes` puts the pieces together for any segmentation. Nothing of the
+`step_model` puts the pieces together for any segmentation. Nothing of the
 model changes: parameter gradients (`.grad`), buffers (BatchNorm running statistics, the very
 objects and their values) and the random number generators are restored afterwards.
 """
@@ -183,8 +183,41 @@ def _once(held):
     return t
 
 
-def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
-           allocator=False, state=None):
+@dataclass
+class _Place:
+    """Where a layer sits in the step: its input (and whether it requires grad), the gradient
+    the layer after it sends back (None for the last), whether the loss's head follows it."""
+
+    layer: object
+    x: torch.Tensor
+    requires_grad: bool
+    incoming: torch.Tensor | None
+    head: bool
+
+
+@dataclass
+class _Run:
+    """What one run of a layer alone measured (`_alone`); the fields of `LayerProfile` are read
+    from two of them, the plain run and the recompute."""
+
+    saved_bytes: int             # what its forward left saved for backward
+    out_bytes: int
+    saves_input: bool
+    saves_output: bool
+    saves_any: bool
+    output_is_view: bool         # its output is its input's storage
+    writes_input: bool
+    forward_peak: int
+    backward_peak: int           # its input held elsewhere
+    held_backward_peak: int      # its input held only by what it saved
+    recompute_peak: int          # up to its last save, where a recompute stops
+    buffer_copies: int           # module-state copies swapped in for a recompute
+    saved_buffer_copies: int     # those of them it saved
+    grad: torch.Tensor | None    # the gradient it sent to its input (for the layer before)
+    grad_in: int = 0             # bytes of the gradient arriving at its output
+
+
+def _alone(place: _Place, backward=True, once=False, allocator=False, state=None) -> _Run:
     """Forward + backward of one layer alone, as the step runs it; returns the measurements.
 
     `once`: the layer's forward is a checkpoint's recompute, whose saved tensors autograd
@@ -195,8 +228,9 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
     bytes are the allocator's (`track_memory(allocator=True)`): every peak counts what an
     operation held only while it ran, and every level what no operation made (a Python number
     wrapped into a tensor and saved, as ``att * 0.125`` saves it)."""
+    layer, incoming, head = place.layer, place.incoming, place.head
     box, packs, gone, marks = [], [], [], []
-    xin = _layer_input(x, requires_grad, box)   # allocated before: held elsewhere
+    xin = _layer_input(place.x, place.requires_grad, box)   # allocated before: held elsewhere
     version = xin._version
     store = xin.untyped_storage()
     in_ptr, in_bytes = store.data_ptr(), store.nbytes()
@@ -265,15 +299,14 @@ def _alone(layer, x, requires_grad, incoming, head, backward=True, once=False,
     # the buffer copies swapped in (their level's rise), and those that outlived the swap out
     m = [_level(log.timeline[k], allocator) for k in marks]
     copies, kept_copies = (m[1] - m[0], m[1] - m[0] - (m[2] - m[3])) if marks else (0, 0)
-    return dict(
-        own=kept, out=out_bytes, saves_output=with_y == own and out_bytes > 0 and any(
-            p == out_ptr for p, _ in packs),
-        saves_input=saves_input, saves_any=bool(packs), view=out_ptr == in_ptr,
-        writes_input=writes_input, forward_peak=forward_peak, backward_peak=backward_peak,
-        held_peak=held_peak if saves_input else backward_peak,
+    return _Run(
+        saved_bytes=kept, out_bytes=out_bytes, saves_input=saves_input,
+        saves_output=with_y == own and out_bytes > 0 and any(p == out_ptr for p, _ in packs),
+        saves_any=bool(packs), output_is_view=out_ptr == in_ptr, writes_input=writes_input,
+        forward_peak=forward_peak, backward_peak=backward_peak,
+        held_backward_peak=held_peak if saves_input else backward_peak,
         recompute_peak=max([0] + [lv(p) for p in log.timeline[:last]]),
-        buffer_copies=copies, saved_buffer_copies=kept_copies,
-        grad=box[0] if box else None)
+        buffer_copies=copies, saved_buffer_copies=kept_copies, grad=box[0] if box else None)
 
 
 def _level(point, allocator: bool) -> int:
@@ -404,14 +437,14 @@ class _Untouched:
         return False
 
 
-def _refuse_failing_step(named, alone, x) -> None:
+def _refuse_failing_step(named, runs, x) -> None:
     """Raise if a layer writes in place what the step cannot let it write, whatever the plan:
     the chain's input when it is a leaf that requires grad, or a tensor a layer before saved."""
     for i, (name, layer) in enumerate(named):
-        if not alone[i]["writes_input"]:
+        if not runs[i].writes_input:
             continue
         r = i - 1                      # the layer that made the storage layer i writes
-        while r >= 0 and alone[r]["view"]:
+        while r >= 0 and runs[r].output_is_view:
             r -= 1
         if r < 0 and x.is_leaf and x.requires_grad:
             raise ValueError(
@@ -419,8 +452,8 @@ def _refuse_failing_step(named, alone, x) -> None:
                 "that requires grad: autograd refuses that in the step itself ('a leaf Variable "
                 "that requires grad is being used in an in-place operation'). Make the layer out "
                 "of place (inplace=False) or give the chain an input that is not a leaf.")
-        savers = [j for j in range(max(r, 0), i) if (j == r and alone[j]["saves_output"])
-                  or (j > r and alone[j]["saves_input"])]
+        savers = [j for j in range(max(r, 0), i) if (j == r and runs[j].saves_output)
+                  or (j > r and runs[j].saves_input)]
         if savers:
             raise ValueError(
                 f"layer {name} ({layer!r}) writes its input in place, which layer "
@@ -483,53 +516,52 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
             h, req = y.detach(), bool(y.requires_grad)
             del y, xin
         # backward, from the last layer: each layer gets the gradient the next one sent
-        alone, again, incoming = [None] * n, [None] * n, None
+        plain, again, incoming = [None] * n, [None] * n, None
         for i in reversed(range(n)):
-            _, layer = named[i]
             head = i == n - 1
-            xi = inputs[i].detach()
-            args = (layer, xi, needs[i], incoming, head)
+            place = _Place(named[i][1], inputs[i].detach(), needs[i], incoming, head)
             if not step:
-                alone[i] = _alone(*args, backward=False, allocator=allocator)
+                plain[i] = _alone(place, backward=False, allocator=allocator)
                 continue
-            alone[i] = _alone(*args, allocator=allocator)
+            plain[i] = _alone(place, allocator=allocator)
             with phase("recompute"):
-                again[i] = _alone(*args, once=True, allocator=allocator, state=replay[i][2])
+                again[i] = _alone(place, once=True, allocator=allocator, state=replay[i][2])
             replay[i] = replay[i][:2]
-            alone[i]["grad_in"] = 0 if incoming is None and not head else (
+            plain[i].grad_in = 0 if incoming is None and not head else (
                 4 if head else incoming.untyped_storage().nbytes())
-            incoming = alone[i]["grad"]
-            alone[i]["grad"] = again[i]["grad"] = None
-    _refuse_failing_step(named, alone, x)
+            incoming = plain[i].grad
+            plain[i].grad = again[i].grad = None
+    _refuse_failing_step(named, plain, x)
     params = [p for _, m in named if isinstance(m, torch.nn.Module) for p in m.parameters()]
     out = []
     for i, (name, _) in enumerate(named):
-        a = alone[i]
-        first_saves_input = a["saves_input"] and i > 0 and not alone[i - 1]["saves_output"]
-        extra = alone[i - 1]["out"] if first_saves_input else 0
+        run, rerun = plain[i], again[i]
+        first_saves_input = run.saves_input and i > 0 and not plain[i - 1].saves_output
+        extra = plain[i - 1].out_bytes if first_saves_input else 0
         if not step:
-            out.append(LayerProfile(name, a["own"] + extra, a["out"], seconds[i],
+            out.append(LayerProfile(name, run.saved_bytes + extra, run.out_bytes, seconds[i],
                                     allocator=allocator))
             continue
         # checkpoint_sequential's checkpoints see every layer's parameters and their input
         state = generator_state_bytes([inputs[i]] + params) if allocator else 0
         out.append(LayerProfile(
-            name=name, act_bytes=a["own"] + extra, out_bytes=a["out"],
-            forward_seconds=seconds[i], work_bytes=a["backward_peak"] - a["own"], own_bytes=a["own"],
-            saves_input=a["saves_input"], saves_output=a["saves_output"], output_is_view=a["view"],
-            writes_input=a["writes_input"],
-            saves_any=a["saves_any"], forward_peak_bytes=a["forward_peak"],
-            free_forward_peak_bytes=free[i][0], backward_peak_bytes=a["backward_peak"],
-            held_backward_peak_bytes=a["held_peak"], grad_in_bytes=a["grad_in"],
-            recompute_own_bytes=again[i]["own"],
-            recompute_forward_peak_bytes=again[i]["forward_peak"],
-            recompute_peak_bytes=again[i]["recompute_peak"],
-            recompute_backward_peak_bytes=again[i]["backward_peak"],
-            recompute_held_backward_peak_bytes=again[i]["held_peak"],
+            name=name, act_bytes=run.saved_bytes + extra, out_bytes=run.out_bytes,
+            forward_seconds=seconds[i], work_bytes=run.backward_peak - run.saved_bytes,
+            own_bytes=run.saved_bytes, saves_input=run.saves_input,
+            saves_output=run.saves_output, output_is_view=run.output_is_view,
+            writes_input=run.writes_input, saves_any=run.saves_any,
+            forward_peak_bytes=run.forward_peak, free_forward_peak_bytes=free[i][0],
+            backward_peak_bytes=run.backward_peak,
+            held_backward_peak_bytes=run.held_backward_peak, grad_in_bytes=run.grad_in,
+            recompute_own_bytes=rerun.saved_bytes,
+            recompute_forward_peak_bytes=rerun.forward_peak,
+            recompute_peak_bytes=rerun.recompute_peak,
+            recompute_backward_peak_bytes=rerun.backward_peak,
+            recompute_held_backward_peak_bytes=rerun.held_backward_peak,
             allocator=allocator, checkpoint_state_bytes=state, unhooked_bytes=free[i][1],
             buffer_copy_bytes=replay[i][0], changed_buffer_bytes=replay[i][1],
-            recompute_buffer_bytes=again[i]["buffer_copies"],
-            recompute_saved_buffer_bytes=again[i]["saved_buffer_copies"]))
+            recompute_buffer_bytes=rerun.buffer_copies,
+            recompute_saved_buffer_bytes=rerun.saved_buffer_copies))
     return out
 
 
