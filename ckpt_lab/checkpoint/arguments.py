@@ -1,4 +1,5 @@
 """A checkpoint's arguments: what they hold, flattened and rebuilt, and fresh for the recompute.
+(Design note 8, in NOTES.md.)
 
 A checkpointed function may take tensors, modules and generators nested in lists, tuples and
 dicts, and may return tensors so nested. `named_leaves` names each one found in the arguments

@@ -1,4 +1,5 @@
 """Early stop: end a recompute as soon as it has produced the last tensor backward needs.
+(Design note 11, in NOTES.md.)
 
 A hooks-design recompute fills the holders in the order the forward saved; the operations after
 the last save only build outputs nobody uses, so they are skipped (``early_stop=True``, the

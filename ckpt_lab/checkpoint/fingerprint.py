@@ -1,12 +1,13 @@
 """A fingerprint of a tensor's bits, to refuse a recompute whose values differ from the forward's.
+(Design note 10, in NOTES.md.)
 
 ``determinism_check="fingerprint"`` takes a digest of every saved tensor (the reentrant design:
 of every output) in the forward and again in the recompute; a difference raises
 `CheckpointError` naming the tensor and the operation that made it. It sees what the other
 checks (`guards`) cannot: a generator the function finds by itself, another thread drawing from
 the global one, state of a module `hidden_inputs` misses, ``p.data`` edits, nondeterministic kernels.
-It costs about 10% of a step with ``impl="hooks"`` (measured in the docstring of
-`ckpt_lab.checkpoint`), so it is off by default.
+It reads every saved tensor twice more, so it is off by default (what that costs:
+``benchmarks/bench_checkpoint.py``, its ``fingerprint_cost``).
 """
 from __future__ import annotations
 

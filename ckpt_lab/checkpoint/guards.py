@@ -1,4 +1,5 @@
 """The checks a checkpoint makes so that a recompute that would differ is refused, not used.
+(Design notes 7 and 9, in NOTES.md.)
 
 A checkpoint runs its function twice and differentiates the second run as if it were the
 first; nothing in autograd checks that claim. These do, each a silent wrong gradient otherwise:

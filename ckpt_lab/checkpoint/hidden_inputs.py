@@ -1,4 +1,5 @@
 """What a checkpointed function reaches beyond its tensor arguments: its modules and its leaves.
+(Design note 6, in NOTES.md; the module search is written here only.)
 
 A checkpoint must know the modules a function uses (to replay and check their state,
 `module_state`) and the parameters it read (to check their versions; the reentrant design also
@@ -28,10 +29,7 @@ _CONTAINERS = (nn.Module, list, tuple, dict, functools.partial, types.MethodType
 
 
 def modules_of(fn, leaves) -> list[nn.Module]:
-    """Modules ``fn`` may use: reachable from it, its closure, globals and arguments."""
-    # itself, its ``self``, its closure, a ``partial``'s arguments, the globals it reads, its
-    # arguments, and modules held in lists, tuples, dicts and plain objects' attributes among
-    # those (one plain object deep)
+    """Modules ``fn`` may use, searched where the module docstring says."""
     found = [m for _, m in leaves if isinstance(m, nn.Module)]
     todo, seen = [fn], set()
     while todo:

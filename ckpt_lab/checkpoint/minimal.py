@@ -1,4 +1,5 @@
 """The two checkpoint designs PyTorch has used, each at its smallest (about 25 lines).
+(Design note 1, in NOTES.md.)
 
 1. ``MinimalReentrant`` (PyTorch's ``use_reentrant=True``): an ``autograd.Function`` runs the
    function under ``no_grad``, so nothing inside is saved, and keeps only its input. Its

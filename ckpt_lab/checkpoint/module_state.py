@@ -1,4 +1,5 @@
 """The parameters and buffers a checkpointed function's modules had when its forward ran.
+(Design note 5, in NOTES.md.)
 
 A recompute re-runs the forward inside backward, reading every module attribute again. Three
 things can make it read something else than the forward did, each a silent wrong gradient in

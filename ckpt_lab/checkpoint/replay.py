@@ -1,4 +1,5 @@
 """What a recompute must see again that no argument holds: random generators and autocast.
+(Design notes 2 and 3, in NOTES.md.)
 
 A dropout inside a checkpoint draws its mask twice, in the forward and in the recompute; the
 gradient is exact only if both draws are the same. `Replay.capture` records, as the forward
