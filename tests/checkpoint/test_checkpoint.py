@@ -6,6 +6,7 @@ from torch import nn
 
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential, track_memory
 from ckpt_lab.checkpoint import segment_starts
+from conftest import same
 
 IMPLS = ["hooks", "reentrant"]
 
@@ -25,10 +26,6 @@ def grads_of(model, x, run, seed=123):
     torch.manual_seed(seed)
     run(model, x).pow(2).sum().backward()
     return [x.grad] + [p.grad for p in model.parameters()]
-
-
-def same(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
 
 
 X = torch.randn(16, 32)

@@ -17,6 +17,7 @@ from ckpt_lab import CheckpointError, checkpoint, track_memory
 
 from ckpt_lab.checkpoint.cases import (CASES, LESSON_ROWS, REFUSES, RIGHT, WRONG, Case,
                                          outcome, reference)
+from conftest import same
 
 FAST = [c for c in CASES if not c.slow]
 OURS = ["ckpt_lab hooks", "ckpt_lab reentrant"]
@@ -26,12 +27,6 @@ IMPLS = ["hooks", "reentrant"]
 
 def ids(case: Case) -> str:
     return f"{case.cls}-{case.name}"
-
-
-def same(a, b):
-    return len(a) == len(b) and all((u is None and v is None) or
-                                    (u is not None and v is not None and torch.equal(u, v))
-                                    for u, v in zip(a, b))
 
 
 @pytest.fixture(autouse=True)

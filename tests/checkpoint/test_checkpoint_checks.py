@@ -16,12 +16,9 @@ from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
 from ckpt_lab.checkpoint.guards import probe
 
 from custom_functions import ReadsTwice
+from conftest import same
 
 IMPLS = ["hooks", "reentrant"]
-
-
-def same(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
 
 
 # ------------------------------------------------------------------------------- versions

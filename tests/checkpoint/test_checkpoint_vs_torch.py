@@ -15,10 +15,7 @@ import ckpt_lab
 from ckpt_lab import checkpoint
 
 from custom_functions import ReadsTwice
-
-
-def same(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
+from conftest import same
 
 
 def test_the_module_is_a_module_and_calling_it_checkpoints():
@@ -79,8 +76,6 @@ def test_a_saved_input_without_grad_comes_back_as_the_same_object(impl):
     KeepsMask.seen.clear()
     tuc.checkpoint(KeepsMask.apply, a, mask, use_reentrant=impl == "reentrant").sum().backward()
     assert (KeepsMask.seen[-1] is mask) == (impl == "hooks")   # torch's reentrant detaches it
-
-
 
 
 def test_custom_function_reading_saved_tensors_twice():

@@ -10,6 +10,7 @@ from ckpt_lab import checkpoint_modules, track_memory
 from ckpt_lab.training.models import GPT, Block, GPTConfig
 from ckpt_lab.checkpoint.wrap import matched_modules
 from ckpt_lab.plan.module_planner import profile_modules
+from conftest import same
 
 IMPLS = ["hooks", "reentrant"]
 
@@ -26,10 +27,6 @@ def grads(model, run, seed=7):
     loss = run()
     loss.backward()
     return [loss.detach()] + [p.grad for p in model.parameters()]
-
-
-def same(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
 
 
 def torch_checkpointed(model, cls):

@@ -11,6 +11,7 @@ from ckpt_lab import OffloadStats, checkpoint_sequential, offload_activations, t
 from ckpt_lab.checkpoint import offload
 from ckpt_lab.lessons.course import dropout_mask_bytes
 from ckpt_lab.checkpoint.offload import PCIE4_X16_BYTES_PER_S
+from conftest import same
 
 BATCH, WIDTH, HIDDEN = 8, 16, 64
 F32 = 4
@@ -36,10 +37,6 @@ def grads(model, x, wrap, run=None, seed=3):
         loss = (run or model)(x).pow(2).sum()
     loss.backward()
     return [x.grad] + [p.grad for p in model.parameters()]
-
-
-def same(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
 
 
 class HostCopies(offload._Mover):
@@ -286,6 +283,4 @@ def test_cuda_offload_frees_device_memory_and_is_exact():
     # Plain keeps 2 activations per layer (Linear's input, GELU's input) on the device;
     # offloaded, only the ones in flight stay.
     assert peaks["offload"] < peaks["plain"] - stats.bytes_offloaded // 2
-    seconds = stats.copy_seconds()
-    assert seconds > 0
-    assert 1e9 < (stats.bytes_offloaded + stats.bytes_restored) / seconds < 1e12
+    assert stats.copy_seconds() > 0     # the bandwidth: benchmarks/gpu_check.py's copy_bytes_per_s

@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential, track_memory
 from ckpt_lab.checkpoint.selective import POLICIES, Decision, save_matmuls
+from conftest import same
 
 IMPLS = ["hooks", "reentrant"]
 aten = torch.ops.aten
@@ -46,10 +47,6 @@ def run(model, x, step, seed=7):
             y = step(b, y)
         y.pow(2).sum().backward()
     return [x.grad] + [p.grad for p in model.parameters()], mem.peak_bytes
-
-
-def same(a, b):
-    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
 
 
 class OpCounter(TorchDispatchMode):

@@ -1,5 +1,6 @@
 """Conventions every course notebook keeps, checked statically (nbval runs them; the budget
 hook in notebooks/conftest.py times them), plus one run proving the budget hook can fail."""
+import ast
 import json
 import os
 import re
@@ -101,21 +102,83 @@ def test_opening_says_how_to_get_a_gpu_on_colab(path):
     assert course.GPU_HINT.startswith("on Colab, Runtime > Change runtime type")
 
 
-def _calls(source: str, prefix: str):
-    for m in re.finditer(re.escape(prefix) + r"\w*\(", source):
-        depth, i = 0, m.end() - 1
-        for i in range(m.end() - 1, len(source)):
-            depth += {"(": 1, ")": -1}.get(source[i], 0)
-            if depth == 0:
-                break
-        yield source[m.start():i + 1]
+class _TorchCheckpointCalls(ast.NodeVisitor):
+    """Calls of torch.utils.checkpoint's functions in source order, however they were
+    imported (``torch.utils.checkpoint.checkpoint``, ``tuc.checkpoint``, ``from
+    torch.utils.checkpoint import checkpoint``), and the ones that open a ``with``."""
+
+    def __init__(self):
+        self.names, self.calls, self.with_calls = {}, [], set()
+
+    def visit_Import(self, node):
+        for a in node.names:
+            self.names[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
+                a.name.split(".")[0]
+
+    def visit_ImportFrom(self, node):
+        for a in node.names:
+            self.names[a.asname or a.name] = f"{node.module}.{a.name}"
+
+    def dotted(self, expr):
+        if isinstance(expr, ast.Name):
+            return self.names.get(expr.id, expr.id)
+        if isinstance(expr, ast.Attribute):
+            base = self.dotted(expr.value)
+            return base and f"{base}.{expr.attr}"
+        return None
+
+    def visit_With(self, node):
+        self.with_calls |= {id(item.context_expr) for item in node.items}
+        self.generic_visit(node)
+
+    def visit_Call(self, node):
+        name = self.dotted(node.func) or ""
+        if name.startswith("torch.utils.checkpoint."):
+            self.calls.append((name.rpartition(".")[2], node))
+        self.generic_visit(node)
 
 
-@pytest.mark.parametrize("path", ALL, ids=_name)
-def test_use_reentrant_always_explicit(path):
+def torch_checkpoint_calls(path):
+    """(function name, call node, source of the call, whether it opens a ``with``) for every
+    call of a torch.utils.checkpoint function in a notebook's code."""
+    lines, magic = [], False
     for src in _code(_read(path)):
-        for call in _calls(src, "torch.utils.checkpoint.checkpoint"):
-            assert "use_reentrant=" in call, call
+        for line in src.splitlines():    # IPython's %magics and !shell lines are no Python
+            magic = magic or line.lstrip().startswith(("%", "!"))
+            if not magic:
+                lines.append(line)
+            magic = magic and line.rstrip().endswith("\\")
+    code = "\n".join(lines)
+    visitor = _TorchCheckpointCalls()
+    visitor.visit(ast.parse(code))
+    return [(name, node, ast.get_source_segment(code, node), id(node) in visitor.with_calls)
+            for name, node in visitor.calls]
+
+
+CHECKPOINTS = {"checkpoint", "checkpoint_sequential"}
+CALLS = {p: torch_checkpoint_calls(p) for p in ALL}
+CHECKPOINTING = [p for p in ALL if any(name in CHECKPOINTS for name, *_ in CALLS[p])]
+EARLY_STOP = [p for p in ALL if any(name == "set_checkpoint_early_stop" for name, *_ in CALLS[p])]
+
+
+def test_the_checks_of_torch_calls_see_them():
+    """The two tests below run on every notebook that makes the call (found by its imports)."""
+    assert len(CHECKPOINTING) >= 8 and NB_DIR / "00_tour.ipynb" in CHECKPOINTING
+    assert NB_DIR / "02_checkpointing_from_scratch.ipynb" in EARLY_STOP
+
+
+@pytest.mark.parametrize("path", CHECKPOINTING, ids=_name)
+def test_use_reentrant_always_explicit(path):
+    for name, node, src, _ in CALLS[path]:
+        if name in CHECKPOINTS:
+            assert any(k.arg == "use_reentrant" for k in node.keywords), src
+
+
+@pytest.mark.parametrize("path", EARLY_STOP, ids=_name)
+def test_early_stop_is_shown_as_a_context_manager(path):
+    for name, _, src, opens_with in CALLS[path]:
+        if name == "set_checkpoint_early_stop":
+            assert opens_with, src
 
 
 @pytest.mark.parametrize("path", ALL, ids=_name)

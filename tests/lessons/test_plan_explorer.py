@@ -1,4 +1,5 @@
-"""Headless tests of the explorers lessons 6-10 add: set a slider, read the measured result."""
+"""The plan explorer and `measure_plan_peak` (lessons 6 and 10), driven headlessly: set a slider,
+read the measured result."""
 import torch
 from torch import nn
 

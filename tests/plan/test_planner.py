@@ -1,7 +1,6 @@
 """The planner: exact against brute force, fast on long chains, and right on a real model."""
 import itertools
 import random
-import time
 
 import pytest
 import torch
@@ -76,17 +75,15 @@ def test_pareto_front_matches_brute_force():
         assert got[-1].boundaries == [0] and got[-1].recompute_cost == 0
 
 
-def test_plans_a_thousand_layers_in_under_a_second():
+def test_plans_a_thousand_layers():
+    """A long chain plans, exactly (its time is benchmarks/bench_planner.py's)."""
     rng = random.Random(2)
     n = 1000
     act = [rng.randint(1_000, 100_000) for _ in range(n)]
     out = [rng.randint(100, 10_000) for _ in range(n)]
     cost = [rng.uniform(0.5, 2.0) for _ in range(n)]
     minimum = minimum_peak(act, out, cost)
-    start = time.perf_counter()
     plan = optimal_segments(act, out, cost, budget_bytes=minimum * 2)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, elapsed
     assert plan.peak_bytes <= minimum * 2
     assert plan == evaluate_plan(plan.boundaries, act, out, cost)
     # a tighter budget can only cost more recompute
