@@ -15,6 +15,7 @@ why, only where a package is absent (a plain `pip install .`).
 import ast
 import importlib
 import importlib.metadata
+import itertools
 import os
 import re
 import shlex
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_recipes import BLOCKS, TEXT, _run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def _accelerate_on_cpu(monkeypatch):
 
 
 def _accelerate_step(monkeypatch, block_namespace_of, dropout=None):
-    """(loss, gradients, runs, plain loss, plain gradients, model) of the page's Accelerate block."""
+    """(loss, gradients, layer runs, plain loss, plain gradients) of an Accelerate block."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     reset = _accelerate_on_cpu(monkeypatch)
     model = _llama(dropout)
@@ -302,7 +302,7 @@ def test_peft_lora_under_the_models_switch_gives_the_adapters_their_plain_gradie
     adapters = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert adapters and all("lora_" in n for n in adapters)
     generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():                  # B starts at zero, which would leave A without a gradient
+    with torch.no_grad():         # B starts at zero, which would leave A without a gradient
         for name, p in adapters.items():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
             plain.get_parameter(name).copy_(p)
@@ -381,7 +381,7 @@ def test_megatron_flags_are_megatrons():
     methods = set()
     for line in code.splitlines():
         words = line.split("#")[0].split()
-        for flag, value in zip(words, words[1:]):
+        for flag, value in itertools.pairwise(words):
             allowed = MEGATRON_FLAGS.get(flag)
             if isinstance(allowed, set) and flag != "--recompute-modules":
                 assert value in allowed, (flag, value)
