@@ -78,9 +78,8 @@ def badges_markdown(name: str) -> str:
 
 
 def lesson_links_markdown() -> str:
-    """A Markdown list linking every lesson (relative links, plus Colab)."""
-    return "\n".join(f"- [{title}]({name}.ipynb) ([Colab]({colab_url(name)}))"
-                     for name, title in LESSONS.items())
+    """A Markdown list linking every lesson, numbered (each lesson carries its own Colab badge)."""
+    return "\n".join(f"- {name[:2]}: [{title}]({name}.ipynb)" for name, title in LESSONS.items())
 
 
 def install_spec(version: str | None = None) -> str:
