@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 import ckpt_lab
-from ckpt_lab.lessons.claims import Claims, claims, ledger  # noqa: F401  (course.claims)
+from ckpt_lab.lessons.claims import Claims, claims, ledger, table  # noqa: F401  (course.claims)
 from ckpt_lab.lessons.units import GIB, MIB, fmt_bytes  # noqa: F401  (course.fmt_bytes)
 
 REPO_SLUG = "ckpt-lab/ckpt-lab"
