@@ -40,7 +40,7 @@ LESSONS = {
     "09_checking_the_claims": "Do the two source articles hold up under measurement?",
     "10_your_own_model": "How much would checkpointing save your model, and can you trust the plan?",
     "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
-    "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
+    "12_scale_out": "With D GPUs, which memory shrinks, and does checkpointing still pay?",
     "14_the_loss_at_large_vocabularies": "At a large vocabulary, what holds the step peak, and how far can chunking the loss cut it?",
 }
 
