@@ -46,7 +46,7 @@ def _steps(model, micro_batches: int, precision: str):
 
 
 def step_peak(policy: str = "none", micro_batches: int = 1, precision: str = "fp32") -> int:
-    """Measured step peak (activations) of one step of the lesson's CPU GPT (gradients allocated)."""
+    """Measured step peak (activations) of a step of the lesson's CPU GPT, gradients allocated."""
     model = _model(policy)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
