@@ -62,11 +62,14 @@ def test_compile_benchmark_runs_inductor_where_a_cpp_compiler_is(tmp_path):
     assert inductor["memory_budget"]["kept_bytes"] < inductor["plain_compiled"]["kept_bytes"]
 
 
-def test_losses_benchmark_writes_the_vocab_sweep(tmp_path, one_thread):
+def test_losses_benchmark_writes_the_vocab_sweep(tmp_path, one_thread, monkeypatch):
     from benchmarks import bench_losses
+    from benchmarks.machine import NOTES_VARIABLE
+    monkeypatch.setenv(NOTES_VARIABLE, "a shared machine")
     out = tmp_path / "losses.json"
     res = bench_losses.main(out_path=out, quick=True, threads=None)
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    assert res["notes"] == "a shared machine" and res["machine"]["cores"] >= 1
     small, large = res["vocab"]
     assert large["vocab"] > small["vocab"] and large["logits_bytes"] > small["logits_bytes"]
     assert large["plain"]["peak_op"].startswith("_log_softmax_backward")
@@ -79,6 +82,7 @@ def test_throughput_benchmark_reads_each_budget(tmp_path, one_thread):
     res = bench_throughput.main(out_path=out, quick=True, threads=None)
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
     assert [c["budget"] for c in res["cases"]] == ["roomy", "tight"]
+    assert res["machine"]["torch"] == torch.__version__ and res["machine"]["cpu"]
     for case in res["cases"]:
         rows, read = case["rows"], case["reading"]
         fitting = [r for r in rows if r["fits"]]
@@ -89,3 +93,14 @@ def test_throughput_benchmark_reads_each_budget(tmp_path, one_thread):
         assert read["checkpointed_over_plain"] == pytest.approx(
             read["larger_micro_batch_gain"] / read["recompute_cost"])
         assert len({r["step_flops"] for r in rows if r["policy"] == "none"}) == 1
+
+
+def test_machine_names_the_cpu_its_cores_torch_and_the_load(monkeypatch):
+    from benchmarks import machine
+    described = machine.describe()
+    assert described["cpu"] and described["cores"] >= 1 and described["torch"] == torch.__version__
+    assert described["load_average_1min"] is None or described["load_average_1min"] >= 0
+    monkeypatch.delenv(machine.NOTES_VARIABLE, raising=False)
+    assert machine.notes() is None
+    monkeypatch.setenv(machine.NOTES_VARIABLE, "busy")
+    assert machine.notes() == "busy"
