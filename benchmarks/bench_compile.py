@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks import machine
 from ckpt_lab.lessons import compiled
 from ckpt_lab.models import build_model, get_config
 
@@ -87,18 +86,6 @@ def prepare(name: str, config, batch: int, device: str, backend: str):
     return forward, model
 
 
-def machine() -> dict:
-    """The machine the numbers come from: CPU model, cores, GPU if any."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version()}
-
-
 def measure_backend(backend: str, config, batch: int, device: str, repeats: int,
                     names=tuple(VARIANTS)) -> dict:
     """The variants ``names`` (plain_compiled among them) compiled with one backend: rows, and
@@ -141,7 +128,8 @@ def main(out_path: Path | None = None, quick: bool = False, backends=BACKENDS,
     measured = {b: measure_backend(b, config, batch, device, repeats, variants)
                 for b in backends if b not in skipped}
     result = {
-        "device": device, "torch": torch.__version__, "machine": machine(),
+        "device": device, "torch": torch.__version__, "machine": machine.describe(),
+        "notes": machine.notes(),
         "model": {"preset": preset, "batch": batch, **{k: getattr(config, k) for k in (
             "n_layer", "n_embd", "depth", "width", "block_size") if hasattr(config, k)}},
         "repeats": repeats, "backends": measured, "skipped": skipped,
