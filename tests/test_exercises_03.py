@@ -44,7 +44,7 @@ def test_malformed_answers_never_raise(capsys):
     assert exercises.check("03.peak_moment", "backward") is False
     assert "one of" in capsys.readouterr().out
     assert exercises.keys(3) == ["03.best_segments", "03.peak_moment", "03.sqrt_growth",
-                                 "03.checkpoint_sequential", "03.peak_sweep"]
+                                 "03.checkpoint_sequential"]
 
 
 def test_each_prediction_sits_under_a_question():
@@ -141,26 +141,6 @@ def unsolved(blocks, S, x):
     raise NotImplementedError
 
 
-def test_the_build_task_accepts_checkpoint_sequential_on_either_checkpoint(capsys):
-    assert exercises.check("03.checkpoint_sequential", right)
-    assert exercises.check("03.checkpoint_sequential", right_on_ckpt_lab)
-    assert "bit for bit" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (ceil_segments, "L // S blocks each"),
-    (last_checkpointed_too, "Checkpoint every segment but the last"),
-    (no_rng_replay, "preserve_rng_state"),
-    (no_checkpoint, "keeps more than it should"),
-    (skips_a_block, "output differs"),
-    (unsolved, "not answered yet"),
-])
-def test_the_build_task_rejects_a_plausible_mistake_with_its_hint(wrong, hint, capsys):
-    assert exercises.check("03.checkpoint_sequential", wrong) is False
-    out = capsys.readouterr().out
-    assert "✗" in out and hint in out, out
-
-
 def _sweep(run, blocks, x, backward=True):
     from ckpt_lab import track_memory
     peaks = {}
@@ -173,15 +153,43 @@ def _sweep(run, blocks, x, backward=True):
     return peaks
 
 
-def test_the_peak_sweep_judge_runs_the_sweep_with_pytorchs_function(capsys):
-    assert exercises.check("03.peak_sweep", _sweep)
-    assert exercises.check("03.peak_sweep", lambda r, b, x: _sweep(r, b, x, backward=False)) is False
-    assert "comes in backward" in capsys.readouterr().out
-    assert exercises.check("03.peak_sweep", lambda r, b, x: {1: 0}) is False
-    assert "for every S from 1 to L" in capsys.readouterr().out
-    assert exercises.check("03.peak_sweep", lambda r, b, x: None) is False
-    assert exercises.check("03.peak_sweep", "peaks") is False
-    assert "not answered yet" in capsys.readouterr().out
+def test_the_build_task_accepts_checkpoint_sequential_on_either_checkpoint(capsys):
+    assert exercises.check("03.checkpoint_sequential", (right, _sweep))
+    assert exercises.check("03.checkpoint_sequential", (right_on_ckpt_lab, _sweep))
+    out = capsys.readouterr().out
+    assert "bit for bit" in out and "each on the formula" in out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (ceil_segments, "L // S blocks each"),
+    (last_checkpointed_too, "Checkpoint every segment but the last"),
+    (no_rng_replay, "preserve_rng_state"),
+    (no_checkpoint, "keeps more than it should"),
+    (skips_a_block, "output differs"),
+    (unsolved, "not answered yet"),
+])
+def test_the_build_task_rejects_a_plausible_mistake_with_its_hint(wrong, hint, capsys):
+    assert exercises.check("03.checkpoint_sequential", (wrong, _sweep)) is False
+    out = capsys.readouterr().out
+    assert "✗ my_checkpoint_sequential:" in out and hint in out, out
+
+
+@pytest.mark.parametrize("sweep, hint", [
+    (lambda r, b, x: _sweep(r, b, x, backward=False), "comes in backward"),
+    (lambda r, b, x: {1: 0}, "for every S from 1 to L"),
+    (lambda r, b, x: None, "not answered yet"),
+    (lambda r, b, x: exec("raise NotImplementedError"), "not answered yet"),
+])
+def test_the_build_task_runs_the_sweep_with_pytorchs_function(sweep, hint, capsys):
+    assert exercises.check("03.checkpoint_sequential", (right, sweep)) is False
+    out = capsys.readouterr().out
+    assert "my_checkpoint_sequential ✓; peak_sweep:" in out and hint in out, out
+
+
+def test_the_build_task_wants_both_functions(capsys):
+    for answer in (right, (right,), "code", (right, "sweep")):
+        assert exercises.check("03.checkpoint_sequential", answer) is False
+    assert "Pass both functions" in capsys.readouterr().out
 
 
 def test_the_formula_the_judges_hold_to_is_pytorchs_measured_peak():

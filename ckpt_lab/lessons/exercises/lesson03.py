@@ -138,8 +138,8 @@ _growth = near(
 
 
 # --------------------------------------------------------------------------- the build task
-# The learner writes checkpoint_sequential from checkpoint, and a sweep of its step peak. The
-# judges run both on a chain of their own: 10 blocks, so most segment counts leave a remainder.
+# The learner writes checkpoint_sequential from checkpoint, and a sweep of the step peak. The
+# judge runs both on a chain of its own: 10 blocks, so most segment counts leave a remainder.
 BUILD_LAYERS, BUILD_WIDTH, BUILD_TOKENS = 10, 32, 64
 NOT_ANSWERED = ("not answered yet (your function raises NotImplementedError or returns None): "
                 "write its body, then run the cell again.")
@@ -211,9 +211,21 @@ def _calls(function, *args):
     return result, None
 
 
+def _judge_build(answer):
+    """The build task: (my_checkpoint_sequential, peak_sweep), each judged in turn."""
+    if not (isinstance(answer, tuple) and len(answer) == 2 and all(map(callable, answer))):
+        return False, ("Pass both functions themselves: "
+                       "check(key, (my_checkpoint_sequential, peak_sweep)).")
+    ok, message = _judge_checkpoint_sequential(answer[0])
+    if not ok:
+        return False, f"my_checkpoint_sequential: {message}"
+    ok, sweep_message = _judge_peak_sweep(answer[1])
+    if not ok:
+        return False, f"my_checkpoint_sequential ✓; peak_sweep: {sweep_message}"
+    return True, f"{message} {sweep_message}"
+
+
 def _judge_checkpoint_sequential(fn):
-    if not callable(fn):
-        return False, "Pass your function itself: check(key, my_checkpoint_sequential)."
     L = BUILD_LAYERS
     blocks, x = build_chain(dropout=0.1)             # dropout: the recompute must redraw its masks
     for S in range(1, L + 1):
@@ -259,8 +271,6 @@ def _judge_checkpoint_sequential(fn):
 
 
 def _judge_peak_sweep(sweep):
-    if not callable(sweep):
-        return False, "Pass your function itself: check(key, peak_sweep)."
     blocks, x = build_chain()
     got, why = _calls(sweep, torch_checkpoint_sequential, blocks, x)
     if why:
@@ -275,8 +285,8 @@ def _judge_peak_sweep(sweep):
     off = sorted(S for S in want if not isinstance(got[S], (int, float))
                  or abs(got[S] / want[S] - 1) > 1e-3)
     if not off:
-        return True, (f"{L} step peaks, each on the formula: (S - 1) X + the last segment's "
-                      "blocks x A + A + G.")
+        return True, (f"Your sweep: {L} step peaks, each on the formula (S - 1) X + the last "
+                      "segment's blocks x A + A + G.")
     S = off[0]
     if isinstance(got[S], (int, float)) and got[S] < want[S]:
         return False, (f"S = {S}: {got[S]:,} bytes, below the formula's {want[S]:,}. The step "
@@ -300,10 +310,8 @@ EXERCISES = [
     Exercise("03.checkpoint_sequential", "Build task: write my_checkpoint_sequential(blocks, S, "
              "x), which runs an nn.Sequential in S segments of L // S blocks (the last takes the "
              "rest) and wraps every segment but the last in torch.utils.checkpoint.checkpoint("
-             "segment, x, use_reentrant=False). Pass the function itself.",
-             _judge_checkpoint_sequential),
-    Exercise("03.peak_sweep", "Build task: write peak_sweep(run, blocks, x), which returns "
-             "{S: step peak in bytes} of run(blocks, S, x).sum().backward() for every S from 1 "
-             "to len(blocks), each measured with track_memory. Pass the function itself.",
-             _judge_peak_sweep),
+             "segment, x, use_reentrant=False), and peak_sweep(run, blocks, x), which returns "
+             "{S: step peak in bytes} of run(blocks, S, x).sum().backward() for every S from 1 to "
+             "len(blocks), each measured with track_memory. Pass both functions: "
+             "(my_checkpoint_sequential, peak_sweep).", _judge_build),
 ]
