@@ -11,9 +11,9 @@ from ckpt_lab.lessons.exercises import lesson02
 
 from exercise_checks import right_then_wrong
 
-VERDICTS = {"dropout (RNG)": "right", "input edited after forward": "refuses",
-            "saved tensor edited inside": "wrong", "optimizer step before backward": "wrong",
-            "RReLU fills a saved buffer": "wrong", "recompute differs (metadata)": "refuses"}
+FAULTS = ["dropout (RNG)", "input edited after forward", "saved tensor edited inside",
+          "optimizer step before backward (bias only)", "RReLU fills a saved buffer",
+          "recompute differs (metadata)"]
 
 
 def _torch_checkpoint(fn, x):
@@ -24,8 +24,7 @@ def test_the_measured_answers():
     assert lesson02.kept_tensors() == 1.0
     assert lesson02.conv_only_saving() == 0.0
     assert lesson02.resblock_kept("none") == 3 * lesson02.resblock_kept("whole branch") + 2 * 8 * 4
-    if torch.__version__ < "2.14":                  # pytorch/pytorch#193671 open in the pinned torch
-        assert lesson02.torch_verdicts() == VERDICTS
+    assert lesson02.recompute_bias() == "the new bias"
 
 
 @pytest.mark.parametrize("key, right, wrong, hint", [
@@ -33,6 +32,8 @@ def test_the_measured_answers():
     ("02.kept_tensors", 1.0, 0, "output is alive"),
     ("02.conv_only_saving", 0, 1 / 3, "checkpoint keeps its input"),
     ("02.conv_only_saving", 0.0, 2 / 3, "whole branch"),
+    ("02.recompute_bias", "the new bias", "the old bias", "the bias is no input"),
+    ("02.recompute_bias", "The new bias", "refuses", "version counters guard saved tensors only"),
     ("02.my_checkpoint", _torch_checkpoint, minimal_hooks, "get_rng_state"),
     ("02.my_checkpoint", _torch_checkpoint, lambda fn, x: fn(x), "keeps"),
 ])
@@ -40,18 +41,10 @@ def test_right_and_wrong(key, right, wrong, hint, capsys):
     right_then_wrong(key, right, wrong, hint, capsys)
 
 
-def test_verdicts_are_judged_case_by_case(capsys):
-    measured = lesson02.torch_verdicts()
-    assert exercises.check("02.torch_verdicts", measured) is True
-    assert exercises.check("02.torch_verdicts", {k: ("WRONG, silently" if v == "wrong" else v)
-                                                 for k, v in measured.items()}) is True
-    capsys.readouterr()
-    assert exercises.check("02.torch_verdicts", {k: "right" for k in measured}) is False
-    out = capsys.readouterr().out
-    assert "1 of 6" in out and "version counter" in out and "early stop" in out
-    assert exercises.check("02.torch_verdicts", {"dropout (RNG)": "right"}) is False
-    assert exercises.check("02.torch_verdicts", {k: "maybe" for k in measured}) is False
-    assert "one entry per case" in capsys.readouterr().out
+def test_the_bias_prediction_asks_for_one_of_its_answers(capsys):
+    assert exercises.check("02.recompute_bias", "the bias") is False
+    assert exercises.check("02.recompute_bias", 1) is False
+    assert capsys.readouterr().out.count("Answer one of") == 2
 
 
 def test_unanswered_malformed_and_raising_answers_never_raise(capsys):
@@ -64,7 +57,12 @@ def test_unanswered_malformed_and_raising_answers_never_raise(capsys):
         raise RuntimeError("boom")
     assert exercises.check("02.my_checkpoint", broken) is False
     assert "boom" in capsys.readouterr().out
-    assert exercises.keys(2) == ["02.kept_tensors", "02.torch_verdicts", "02.conv_only_saving",
+
+    def stub(fn, x):
+        ...
+    assert exercises.check("02.my_checkpoint", stub) is False
+    assert "not answered yet" in capsys.readouterr().out
+    assert exercises.keys(2) == ["02.kept_tensors", "02.recompute_bias", "02.conv_only_saving",
                                  "02.my_checkpoint"]
 
 
@@ -72,11 +70,11 @@ def test_the_catalogue_grid_against_ckpt_lab_and_plain_autograd():
     table = correctness.grid(correctness.FAULTS, {
         "plain": correctness.WRAPS["plain"], "ckpt_lab": lambda f, *a: checkpoint(f, *a),
         "minimal hooks": minimal_hooks})
-    assert list(table) == list(VERDICTS) == list(lesson02.WHY)
+    assert list(table) == FAULTS
     assert all(row["ckpt_lab"] == "right" or row["ckpt_lab"].startswith("refuses (CheckpointError")
                for row in table.values())
     assert [row["minimal hooks"] for row in table.values()][:5] == ["WRONG, silently"] * 5
-    assert table["optimizer step before backward"]["plain"] == "right"   # Linear saves no bias
+    assert table["optimizer step before backward (bias only)"]["plain"] == "right"   # no op saves a bias
     assert table["saved tensor edited inside"]["plain"] == "refuses (RuntimeError)"
     assert table["dropout (RNG)"]["plain"] == "right"
 

@@ -1,6 +1,7 @@
 """Lesson 9: its predictions accept the answer worked out another way (by torch's own
-checkpoint_sequential, by brute force) and reject the diagnostic wrong ones; the audit's verdict
-rules, its disk meter, and the lesson's naming of both source articles."""
+checkpoint_sequential, by brute force) and reject the diagnostic wrong ones; its build task (article
+B's formula, corrected) is judged against measurements; the audit's verdict rules and table, its
+disk meter, and the lesson's naming of both source articles."""
 import os
 
 import nbformat
@@ -47,10 +48,61 @@ def test_accumulation_bound_by_hand():
         assert not judge("09.accumulation_bound", wrong)
 
 
-@pytest.mark.parametrize("key", exercises.keys(9))
+PREDICTIONS = [k for k in exercises.keys(9) if k != "09.step_peak_formula"]
+
+
+@pytest.mark.parametrize("key", PREDICTIONS)
 def test_unanswered_and_malformed(key, capsys):
     unanswered_and_malformed([key], "many", capsys)
     assert exercises.EXERCISES[key].expected is not None
+
+
+def _right(L, S, B, T, H, byte_per=2):           # the worked solution's count
+    return ((S - 1) + (L - (S - 1) * (L // S)) + 1) * B * T * H * byte_per
+
+
+def test_build_task_accepts_the_count_that_torchs_checkpoint_sequential_measures(capsys):
+    from ckpt_lab.lessons.exercises import lesson09
+    B, T, H = lesson09.FORMULA_SIZES
+    for L, S in lesson09.FORMULA_CASES:             # the judge's measurement, by its own count
+        measured = lesson09.measured_step_peak(L, S, B, T, H)
+        assert abs(measured / _right(L, S, B, T, H, 4) - 1) < 0.01
+    assert exercises.check("09.step_peak_formula", _right) is True
+    assert "MiB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda L, S, B, T, H, byte_per=2: _right(L, S, B, T, H, byte_per) - B * T * H * byte_per,
+     "first gradient"),                                                  # no gradient in flight
+    (lambda L, S, B, T, H, byte_per=2: ((S - 1) + L / S + 1) * B * T * H * byte_per,
+     "L // S"),                                                          # L/S, no remainder
+    (lambda L, S, B, T, H, byte_per=2: (S + 1 + 2) * B * T * H * byte_per,
+     "alive at the start of backward"),                                  # article B's formula
+    (lambda L, S, B, T, H, byte_per=2: (S + L // S + 1) * B * T * H * byte_per, "units"),
+])
+def test_build_task_rejects_plausible_wrong_formulas(wrong, hint):
+    ok, message = exercises.EXERCISES["09.step_peak_formula"].judge(wrong)
+    assert not ok and hint in message, message
+
+
+def test_build_task_unsolved_or_broken_never_raises(capsys):
+    def unsolved(L, S, B, T, H, byte_per=2):
+        ...
+
+    def broken(L, S, B, T, H, byte_per=2):
+        raise RuntimeError("boom")
+
+    for answer in (None, unsolved, broken, 3, lambda L, S, B, T, H, byte_per=2: "many"):
+        assert exercises.check("09.step_peak_formula", answer) is False
+    out = capsys.readouterr().out
+    assert out.count("not answered yet") == 2 and "boom" in out
+
+
+def test_the_lesson_ships_the_build_task_unsolved(capsys):
+    cell = next(c.source for c in nbformat.read(LESSON, as_version=4).cells
+                if 'exercises.check("09.step_peak_formula"' in c.source)
+    exec(cell, {"exercises": exercises})
+    assert "not answered yet" in capsys.readouterr().out
 
 
 def test_verdict_rules_and_the_audit_table():
@@ -66,6 +118,13 @@ def test_verdict_rules_and_the_audit_table():
     assert table.counts() == {"holds": 1, "partly holds": 0, "does not hold": 1}
     assert table.rows[0].measured.endswith("— CPU here") and table.rows[1].measured.endswith("— elsewhere")
     assert "2 claims: 1 hold" in table.summary() and "<table>" in table.html()
+    # every verdict first, the tally last, in text and in HTML
+    lines = table.text().splitlines()
+    assert [l.split()[0] for l in lines[:2]] == ["holds", "does"] and lines[-1] == table.summary()
+    assert table.html().index("<table>") < table.html().index(table.summary())
+    # a claim filed again (its cell run twice) replaces its row in place
+    table.add("B.sqrt", "exponent 0.70", "partly holds")
+    assert len(table.rows) == 2 and table.rows[0].verdict == "partly holds"
     with pytest.raises(ValueError):
         table.add("B.nothing", "x", "holds")
     with pytest.raises(ValueError):

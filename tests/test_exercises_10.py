@@ -1,6 +1,8 @@
 """Lesson 10's predictions, on its default model: each judge accepts the answer found another way
 (counted by hand, by brute force over every plan and a measurement, by PyTorch's checkpoint) and
-rejects the diagnostic wrong ones; the default model is the one the lesson's cell builds."""
+rejects the diagnostic wrong ones; the default model is the one the lesson's cell builds. Its build
+task (fit any model to a budget) accepts a worked solution, checked here by its own measurement,
+and rejects plausible wrong ones with a hint."""
 import itertools
 import types
 from pathlib import Path
@@ -22,7 +24,8 @@ def test_the_default_model_is_the_lessons():
     cell = next(c.source for c in nbformat.read(LESSON, as_version=4).cells
                 if "BRING YOUR MODEL HERE" in c.source)
     space = {"torch": torch, "nn": nn, "device": torch.device("cpu"),
-             "S": types.SimpleNamespace(width=exercises.lesson10.WIDTH, batch=exercises.lesson10.BATCH)}
+             "size": types.SimpleNamespace(width=exercises.lesson10.WIDTH,
+                                           batch=exercises.lesson10.BATCH)}
     exec(cell, space)
     ours = exercises.lesson10.default_model()
     assert str(space["model"]) == str(ours)
@@ -83,7 +86,107 @@ def test_rng_replay_by_torchs_checkpoint():
     assert not judge("10.rng_replay", "yes")
 
 
-@pytest.mark.parametrize("key", exercises.keys(10))
+PREDICTIONS = [k for k in exercises.keys(10) if k != "10.fit_budget"]
+
+
+@pytest.mark.parametrize("key", PREDICTIONS)
 def test_unanswered_and_malformed(key, capsys):
     unanswered_and_malformed([key], "nonsense", capsys)
     assert exercises.EXERCISES[key].expected is not None
+
+
+# ----------------------------------------------------------------------- the build task, fit(...)
+def _fit(model, step, budget_bytes):             # the worked solution: the lists' repeated class
+    from collections import Counter
+    from ckpt_lab import checkpoint_modules
+    from ckpt_lab.modules import plan_modules
+    kinds = Counter(type(b) for ml in model.modules() if isinstance(ml, nn.ModuleList) for b in ml)
+    plan = plan_modules(model, kinds.most_common(1)[0][0], step, budget_bytes)
+    return checkpoint_modules(model, plan.select)
+
+
+def test_fit_is_accepted_and_does_what_the_judge_says(capsys):
+    from ckpt_lab import checkpoint_modules
+    from ckpt_lab.lessons.exercises import lesson10
+    assert exercises.check("10.fit_budget", _fit) is True
+    assert "✓" in capsys.readouterr().out
+    # checked here without the judge: on the encoder, at a budget between the plain step's peak
+    # and the all-checkpointed one, fit checkpoints some blocks, not all, and the step fits
+    name, model, step, block = lesson10.fit_cases()[1]
+    plain = lesson10._step_peak(model, step)
+    with checkpoint_modules(model, block):
+        everything = lesson10._step_peak(model, step)
+    budget = (plain + everything) // 2
+    with _fit(model, step, budget) as handle:
+        peak = lesson10._step_peak(model, step)
+    assert everything < budget < plain and peak <= budget
+    assert 0 < len(handle.names) < 4 and not handle.active
+
+
+def _plan_all(model, step, budget_bytes, **kwargs):
+    from ckpt_lab import checkpoint_modules
+    from ckpt_lab.models import Block
+    from ckpt_lab.modules import plan_modules
+    plan = plan_modules(model, (Block, nn.TransformerEncoderLayer), step, budget_bytes)
+    return plan, checkpoint_modules
+
+
+def _no_replay(model, step, budget_bytes):
+    plan, apply = _plan_all(model, step, budget_bytes)
+    return apply(model, plan.select, preserve_rng_state=False)
+
+
+def _first_block_only(model, step, budget_bytes):
+    plan, apply = _plan_all(model, step, budget_bytes)
+    return apply(model, plan.select[:1])
+
+
+def _every_block(model, step, budget_bytes):
+    from ckpt_lab import checkpoint_modules
+    from ckpt_lab.models import Block
+    return checkpoint_modules(model, (Block, nn.TransformerEncoderLayer))
+
+
+def _gpt_blocks_only(model, step, budget_bytes):
+    from ckpt_lab import checkpoint_modules
+    from ckpt_lab.models import Block
+    from ckpt_lab.modules import plan_modules
+    return checkpoint_modules(model, plan_modules(model, Block, step, budget_bytes).select)
+
+
+def _the_plan(model, step, budget_bytes):
+    return _plan_all(model, step, budget_bytes)[0]
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_no_replay, "random generator"),           # dropout draws new masks in the recompute
+    (_first_block_only, "over the budget"),     # too few blocks
+    (_every_block, "recomputed for nothing"),   # more blocks than the budget needs
+    (_gpt_blocks_only, "nn.TransformerEncoder, fit raised ValueError"),   # one model's class
+    (_the_plan, "return the handle"),           # the plan, not applied
+])
+def test_fit_rejects_plausible_wrong_answers(wrong, hint):
+    ok, message = exercises.EXERCISES["10.fit_budget"].judge(wrong)
+    assert not ok and hint in message, message
+
+
+def test_fit_unsolved_or_broken_never_raises_and_leaves_torch_as_it_was(capsys):
+    def unsolved(model, step, budget_bytes):
+        ...
+
+    def broken(model, step, budget_bytes):
+        raise RuntimeError("boom")
+
+    threads = torch.get_num_threads()
+    for answer in (None, unsolved, broken, 3):
+        assert exercises.check("10.fit_budget", answer) is False
+    out = capsys.readouterr().out
+    assert out.count("not answered yet") == 2 and "boom" in out
+    assert torch.get_num_threads() == threads
+
+
+def test_the_lesson_ships_the_build_task_unsolved(capsys):
+    cell = next(c.source for c in nbformat.read(LESSON, as_version=4).cells
+                if 'exercises.check("10.fit_budget"' in c.source)
+    exec(cell, {"exercises": exercises})
+    assert "not answered yet" in capsys.readouterr().out

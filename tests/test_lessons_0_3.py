@@ -93,3 +93,23 @@ def test_lesson_3_asserts_where_the_peak_falls_and_when_the_tail_is_flat():
     assert "top.step < spans[0][0]" in code and "max(teeth) < logs[S].peak_bytes" in code
     assert "boundaries=uneven" in code and "top.step >= spans[0][0]" in code   # a first segment longer than the last
     assert "one-block segments keep what plain keeps" in code and "wide blocks" in code
+
+
+@pytest.mark.parametrize("name", LESSONS[:3])
+def test_claim_checks_are_out_of_sight(name):
+    """Lessons 0-2 (issue 27): a claim check sits in a cell whose input is hidden, tagged
+    hide-input for the site and source_hidden for JupyterLab; at most one short check stays in
+    sight."""
+    cells = [c for c in nbformat.read(NB / f"{name}.ipynb", as_version=4).cells
+             if c.cell_type == "code"]
+    hidden = [c for c in cells if "hide-input" in c.metadata.get("tags", [])]
+    assert hidden and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in hidden)
+    in_sight = [c.source for c in cells if c not in hidden and "course.claims(" in c.source]
+    assert len(in_sight) <= 1 and all(s.count("\n    c.") <= 2 for s in in_sight), in_sight
+
+
+def test_the_tour_derives_the_recomputed_blocks_from_the_chain():
+    """00[18]: the count of re-run blocks comes from L and S, not a typed number."""
+    code = "\n".join(_cells("00_tour", "code"))
+    assert "k = L // segments" in code and "recomputed = (segments - 1) * k - 1" in code
+    assert "recompute_matmuls == recomputed" in code          # and is checked against the run

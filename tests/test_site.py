@@ -46,8 +46,23 @@ def _png() -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def executed_notebook(title="Lesson", widget_state=True, takeaways=True, up=""):
-    """A small notebook as nbval saves it: outputs, a plot, an explorer and its widget state.
+def hidden_claim_cell():
+    """Lesson 1's first hidden claim check (source and metadata as committed), with the one
+    result line it prints when it runs."""
+    lesson = nbformat.read(ROOT / "notebooks" / "01_where_memory_goes.ipynb", as_version=4)
+    cell = next(c for c in lesson.cells if c.cell_type == "code"
+                and "hide-input" in c.metadata.get("tags", []) and "course.claims(" in c.source)
+    assert cell.metadata["jupyter"]["source_hidden"] is True      # JupyterLab folds it too
+    return code(cell.source, metadata=cell.metadata, execution_count=5, outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text=f"{HIDDEN_RESULT}\n")])
+
+
+HIDDEN_RESULT = "✓ 8 claims hold (model state per parameter) · measured/predicted 1.000"
+
+
+def executed_notebook(title="Lesson", widget_state=True, takeaways=True, up="", hidden=False):
+    """A small notebook as nbval saves it: outputs, a plot, an explorer and its widget state
+    (and, with `hidden`, a lesson's hidden claim check).
 
     `up` is "../" for a notebook in notebooks/solutions/, whose links start one folder lower."""
     nb = nbformat.v4.new_notebook()
@@ -71,6 +86,8 @@ def executed_notebook(title="Lesson", widget_state=True, takeaways=True, up=""):
                 VIEW: {"model_id": "box", "version_major": 2, "version_minor": 0},
                 "text/plain": "Explorer()"})]),
     ]
+    if hidden:
+        nb.cells.append(hidden_claim_cell())
     if takeaways:
         nb.cells.append(md("## What you now know\n\n- a takeaway of "
                            f"{title.split()[-1]}, see [segments]({up}../docs/glossary.md#segment)\n"
@@ -101,6 +118,7 @@ def site(tmp_path_factory):
     for page in BUILT:
         nbformat.write(executed_notebook(f"Page {page.split('/')[-1]}",
                                          takeaways=page != "01_where_memory_goes",
+                                         hidden=page == "01_where_memory_goes",
                                          up="../" if "/" in page else ""),
                        executed / f"{page}.ipynb")
     nbformat.write(executed_notebook(), executed / "zz_not_in_the_course.ipynb")
@@ -205,6 +223,23 @@ def test_outputs_plots_and_widgets_are_static(site):
     assert STATE not in html and "embed-amd" not in html and "require.min.js" not in html
 
 
+def test_a_hidden_claim_check_shows_its_result_line_and_folds_its_code(site):
+    """A lesson's claim check tagged hide-input: myst-nb folds its source into a closed
+    <details> ("Show code cell source") and shows its output, the one result line, below it."""
+    html = read(site, "notebooks/01_where_memory_goes.html")
+    assert '<div class="cell tag_hide-input' in html, "the hide-input tag did not reach the page"
+    start = html.index('<div class="cell tag_hide-input')
+    ends = [i for i in (html.find('<div class="cell ', start + 1), html.find("</section>", start))
+            if i > 0]
+    cell = html[start:min(ends)]
+    folded, after = cell.split("</details>", 1)
+    assert re.search(r'<details class="[^"]*\bhide above-input"\s*>', folded)   # closed: no open
+    assert "Show code cell source" in folded and 'class="cell_input' in folded
+    assert '<span class="n">claims</span>' in folded                        # the check is there
+    assert 'class="cell_output' in after and HIDDEN_RESULT in after
+    assert HIDDEN_RESULT not in folded
+
+
 def test_nothing_is_fetched_from_the_network(site):
     for path in site.rglob("*.html"):
         html = path.read_text(encoding="utf-8")
@@ -218,10 +253,10 @@ def test_nothing_is_fetched_from_the_network(site):
 
 def test_reference_pages_include_the_recipe_card_only_when_it_exists(tmp_path):
     (tmp_path / "docs").mkdir()
-    for doc in ("glossary.md", "decision_guide.md", "architecture.md"):
+    for doc in ("glossary.md", "notation.md", "decision_guide.md", "architecture.md"):
         (tmp_path / "docs" / doc).write_text("# x\n")
-    assert build_site.reference_pages(tmp_path) == ["docs/glossary.md", "docs/decision_guide.md",
-                                                    "docs/architecture.md"]
+    assert build_site.reference_pages(tmp_path) == ["docs/glossary.md", "docs/notation.md",
+                                                    "docs/decision_guide.md", "docs/architecture.md"]
     (tmp_path / "docs" / "recipes.md").write_text("# Recipes\n")
     assert build_site.reference_pages(tmp_path)[-1] == "docs/recipes.md"
     (tmp_path / "docs" / "glossary.md").unlink()

@@ -38,6 +38,7 @@ NOTEBOOKS = ROOT / course.NOTEBOOK_DIR
 BUDGETS = ROOT / "artifacts" / "notebook_budgets.json"
 README = ROOT / "README.md"
 GLOSSARY = "docs/glossary.md"            # relative to the repository root
+NOTATION = "docs/notation.md"
 START, END = "<!-- course-map:start -->", "<!-- course-map:end -->"
 
 # ------------------------------------------------------------------------- the study-time rule
@@ -302,7 +303,8 @@ def course_map_markdown(rows: list[Lesson]) -> str:
         lines.append(f"- {what}: " + ", ".join(f"[{t}]({u})" for t, u in links) + ".")
     lines += [
         "",
-        f"Every term the course uses is defined in the [glossary]({GLOSSARY}). In one line: "
+        f"Every term the course uses is defined in the [glossary]({GLOSSARY}), and every "
+        f"symbol in [the notation]({NOTATION}), one meaning each. In one line: "
         f"training keeps {_g('activations', 'activation')} for backward; "
         f"{_g('activation checkpointing', 'checkpoint')} keeps only a few of them and "
         f"{_g('recomputes', 'recompute')} the rest during backward: less memory for more "

@@ -50,14 +50,14 @@ SOURCES = {
 
 # Each claim as the course paraphrases it: (article, claim, the article's number).
 CLAIMS = {
-    "B.no_ckpt_800": ("B", "100 layers of B×S×H keep 800 MB without checkpointing", "800 MB"),
+    "B.no_ckpt_800": ("B", "100 layers of B×T×H keep 800 MB without checkpointing", "800 MB"),
     "B.ten_segments_90": ("B", "10 segments keep only their boundaries: a 90% cut", "90%"),
     "B.two_layers_inside": ("B", "while a segment is rebuilt, about 2 layers' activations are "
                             "alive", "2 layers"),
     "B.formula": ("B", "its sample's formula for 10 segments: 11 boundaries + 2 layers", ""),
     "B.printed": ("B", "the figure its sample prints for 10 segments", ""),
     "B.sqrt": ("B", "with √L segments, memory grows as √L, not L", "exponent 0.5"),
-    "B.one_tensor": ("B", "a layer keeps one B×S×H tensor (its constant taken as 1)", "1 tensor"),
+    "B.one_tensor": ("B", "a layer keeps one B×T×H tensor (its constant taken as 1)", "1 tensor"),
     "A.83": ("A", "48 layers in 8 segments save (L − S)/L", "83%"),
     "A.any_chain": ("A", "the saving is (L − S)/L for any chain of layers", "83% at 48/8"),
     "A.any_S": ("A", "a transformer saves (L − S)/L, whatever S", "(L − S)/L"),
@@ -112,18 +112,25 @@ class Audit:
     def __init__(self, where: str):
         self.where = where
         self.rows: list[Verdict] = []
+        self._index: dict[str, int] = {}      # claim key -> its row (a cell run twice replaces it)
 
     def add(self, key: str, measured: str, verdict: str, article: str | None = None,
             where: str | None = None) -> str:
         """File claim `key` of CLAIMS with what was measured; return its verdict (which the
-        lesson asserts). `article` replaces the registered number, `where` the machine."""
+        lesson asserts). `article` replaces the registered number, `where` the machine. Filing a
+        claim again (its cell run twice) replaces its row in place."""
         if key not in CLAIMS:
             raise ValueError(f"unknown claim {key!r}; known: {sorted(CLAIMS)}")
         if verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
         source, claim, number = CLAIMS[key]
-        self.rows.append(Verdict(source, claim, article or number,
-                                 f"{measured} — {where or self.where}", verdict))
+        row = Verdict(source, claim, article or number, f"{measured} — {where or self.where}",
+                      verdict)
+        if key in self._index:
+            self.rows[self._index[key]] = row
+        else:
+            self._index[key] = len(self.rows)
+            self.rows.append(row)
         return verdict
 
     def counts(self) -> dict[str, int]:
@@ -136,27 +143,35 @@ class Audit:
         return (f"{len(self.rows)} claims: {c['holds']} hold, {c['partly holds']} partly hold, "
                 f"{c['does not hold']} do not hold")
 
+    def text(self) -> str:
+        """Every verdict, one line per claim in the order decided, then the tally."""
+        width = max((len(v) for v in VERDICTS), default=0)
+        lines = [f"{r.verdict:<{width}}  {r.source}: {r.claim} (article: {r.article}; "
+                 f"measured: {r.measured})" for r in self.rows]
+        return "\n".join(lines + [self.summary()])
+
     def html(self) -> str:
-        """The verdict table: claim, the article's number, what was measured where, verdict."""
+        """The verdict table (claim, the article's number, what was measured where, verdict),
+        then the tally under it."""
         rows = "".join(
             f"<tr><td>{r.source}</td><td>{html.escape(r.claim)}</td>"
             f"<td>{html.escape(r.article)}</td><td>{html.escape(r.measured)}</td>"
             f"<td><b>{r.verdict}</b></td></tr>" for r in self.rows)
-        return (f"<p>{html.escape(self.summary())}</p><table><tr><th></th><th>claim "
-                "(paraphrased)</th><th>article</th><th>measured (where)</th><th>verdict</th>"
-                f"</tr>{rows}</table>")
+        return ("<table><tr><th></th><th>claim (paraphrased)</th><th>article</th>"
+                f"<th>measured (where)</th><th>verdict</th></tr>{rows}</table>"
+                f"<p><b>{html.escape(self.summary())}</b></p>")
 
     def show(self) -> None:
-        """The table in Jupyter (its one-line summary as text elsewhere)."""
+        """Every verdict, then the tally: a table in Jupyter, lines of text elsewhere."""
         try:
             from IPython import get_ipython
             from IPython.display import display
         except ImportError:
             get_ipython = None
         if get_ipython is not None and get_ipython() is not None:
-            display({"text/plain": self.summary(), "text/html": self.html()}, raw=True)
+            display({"text/plain": self.text(), "text/html": self.html()}, raw=True)
         else:
-            print(self.summary())
+            print(self.text())
 
 
 def mlp_chain(depth: int, width: int, device=None) -> nn.Sequential:
@@ -263,14 +278,3 @@ def worst(verdicts) -> str:
     """The weakest of several verdicts (a claim that must hold everywhere is as weak as that)."""
     return max(verdicts, key=VERDICTS.index)
 
-
-def at_scale(policy: str, here: float, where_here: str) -> tuple[float, str, str | None]:
-    """A step-time claim decided at scale: (slowdown, what was measured, where) from the
-    committed GPU run's `policy` when present, else this machine's `here` (where=None)."""
-    from ckpt_lab.lessons import gpu_results
-    run = gpu_results.policy(policy)
-    if run is None:
-        return here, f"{here:+.0%} step time", None
-    t = run["time_ratio"] - 1
-    return t, (f"+{t:.0%} step time for +{run['flop_ratio'] - 1:.0%} of a step's FLOPs; "
-               f"{where_here}: {here:+.0%}"), gpu_results.label()

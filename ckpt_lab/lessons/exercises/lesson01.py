@@ -1,5 +1,7 @@
-"""Predictions of lesson 1: which part of a step grows with the batch, and what mixed
-precision does to model state. Both answers are measured, never typed in."""
+"""Exercises of lesson 1: two predictions (which part of a step grows with the batch, what mixed
+precision does to model state) and one build task (a function that predicts the bytes of every
+part of a step, judged against track_memory on several models and optimizers). Every answer is
+measured, never typed in."""
 from __future__ import annotations
 
 import functools
@@ -10,15 +12,22 @@ from .base import Exercise, name_set, near, not_quite
 
 PARTS = ("parameters", "gradients", "optimizer states", "activations")
 CONFIG = dict(block_size=64, width=128, depth=8)     # the lesson's CPU sizes
+OPTIMIZERS = {                                       # the build task's optimizer names
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+    "sgd momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2),
+}
 
 
-def step_parts(batch: int, config: dict = CONFIG, device="cpu") -> dict[str, int]:
-    """Measured: the bytes each part of one fp32 AdamW step creates, at one batch size."""
+def step_parts(batch: int, config: dict = CONFIG, device="cpu",
+               optimizer: str = "adamw") -> dict[str, int]:
+    """Measured: the bytes each part of one fp32 step creates, at one batch size (AdamW, or
+    another of `OPTIMIZERS`)."""
     from ckpt_lab.memory import track_memory
     from ckpt_lab.models import MLPConfig, build_model
     with track_memory() as p:
         model = build_model(MLPConfig(**config)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = OPTIMIZERS[optimizer](model.parameters())
     x = torch.randint(0, 256, (batch, config["block_size"]), device=device)
     with track_memory() as a:
         loss = model(x, x)
@@ -100,6 +109,62 @@ _mixed = near(
          "(18 bytes) or both (20) are other arrangements.")
 
 
+# The build task: predict_parts(config, B, optimizer) -> {part: bytes}, run on these steps.
+TASK_STEPS = (  # (MLPConfig fields, B, optimizer): depths, widths, lengths and optimizers differ
+    (dict(block_size=16, width=32, depth=2), 4, "adamw"),
+    (dict(block_size=32, width=64, depth=5), 2, "sgd momentum"),
+    (dict(block_size=8, width=48, depth=3), 8, "sgd"),
+    (dict(block_size=24, width=40, depth=1), 3, "adamw"),
+)
+PART_HINTS = {
+    "parameters": "every parameter is one fp32 number, 4 bytes: count them with "
+                  "sum(p.numel() for p in build_model(config).parameters()), or as embedding "
+                  "V*H, L blocks of H*H + H, head H*V + V",
+    "gradients": "a gradient has its parameter's shape, 4 bytes per parameter, whatever B is",
+    "optimizer states": "AdamW keeps two fp32 moments per parameter (8 bytes), SGD with "
+                        "momentum one (4), plain SGD none",
+    "activations": "per token the forward keeps L + 1 width-H vectors (the embedding's output "
+                   "and each block's ReLU output) and the loss's log-softmax over V: "
+                   "((L + 1) H + V) * 4 bytes, times N = B * T tokens",
+}
+
+
+def _close(predicted, measured: int) -> bool:
+    """Within 0.5% (AdamW's step counters add 4 bytes per parameter tensor), or 64 bytes."""
+    return abs(predicted - measured) <= max(64, 0.005 * measured)
+
+
+def _predict_parts(answer):
+    if not callable(answer):
+        return False, ("Pass your function itself: check('01.predict_parts', predict_parts), "
+                       "taking (config, B, optimizer).")
+    from ckpt_lab.models import MLPConfig
+    for fields, batch, optimizer in TASK_STEPS:
+        config = MLPConfig(**fields)
+        try:
+            predicted = answer(config, batch, optimizer)
+        except NotImplementedError:
+            predicted = None
+        except Exception as e:  # the learner's code: report, do not raise
+            return False, f"Your function raised {type(e).__name__}: {e}"
+        if predicted is None:
+            return False, ("not answered yet: predict_parts returns None. Hint: model state is "
+                           "bytes per parameter times the parameter count; activations are the "
+                           "lesson's formula, with N = B * T tokens.")
+        if not isinstance(predicted, dict) or set(predicted) != set(PARTS):
+            return False, f"Return a dict with exactly the keys {list(PARTS)}."
+        measured = step_parts(batch, fields, optimizer=optimizer)
+        for part in PARTS:
+            if not _close(predicted[part], measured[part]):
+                step = (f"L={config.depth}, H={config.width}, T={config.block_size}, B={batch}, "
+                        f"{optimizer}")
+                return False, (f"{part} at {step}: you predicted {predicted[part]:,} bytes, "
+                               f"track_memory measured {measured[part]:,}. "
+                               f"Hint: {PART_HINTS[part]}.")
+    return True, (f"all four parts of {len(TASK_STEPS)} steps (three optimizers, depths, widths "
+                  "and batches) within 0.5% of track_memory's measurement.")
+
+
 EXERCISES = [
     Exercise("01.grows_with_batch", "Make the batch 4x larger: which parts of the step's "
              "memory grow? A set of 'parameters', 'gradients', 'optimizer states', "
@@ -108,4 +173,10 @@ EXERCISES = [
              "gradients, an fp32 master copy of the weights that the optimizer updates): how "
              "many bytes of model state per parameter?", _mixed,
              expected=mixed_adam_bytes_per_param),
+    Exercise("01.predict_parts", "Build task: write predict_parts(config, B, optimizer) that "
+             "returns the bytes of the four parts of one fp32 step of the lesson's MLP "
+             "(config an MLPConfig, B rows of config.block_size tokens, optimizer 'adamw', "
+             "'sgd momentum' or 'sgd'): {'parameters', 'gradients', 'optimizer states', "
+             "'activations'}. It is run on several models and optimizers against track_memory.",
+             _predict_parts),
 ]

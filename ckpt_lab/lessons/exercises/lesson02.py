@@ -1,6 +1,6 @@
-"""Exercises of lesson 2: three predictions (what a checkpoint keeps, when PyTorch's checkpoint
-is wrong, what checkpointing a lone conv saves) and one build task (a checkpoint that replays
-the random generator). Every answer is measured."""
+"""Exercises of lesson 2: three predictions (what a checkpoint keeps, which bias a recompute
+reads after an optimizer step, what checkpointing a lone conv saves) and one build task (a
+checkpoint that replays the random generator). Every answer is measured."""
 from __future__ import annotations
 
 import functools
@@ -10,24 +10,9 @@ from torch import nn
 
 from ckpt_lab.memory import kept_after_forward
 
-from .base import Exercise, _number, near
+from .base import Exercise, _number, near, one_of
 
-KINDS = {"right": "right", "wrong": "wrong", "wrong, silently": "wrong", "refuses": "refuses",
-         "refuse": "refuses", "error": "refuses"}
-WHY = {  # torch.utils.checkpoint.checkpoint(..., use_reentrant=False), per case of lesson 2
-    "dropout (RNG)": "it saves the CPU generator's state (and each CUDA device's) and replays "
-                     "it (preserve_rng_state=True), so the mask repeats",
-    "input edited after forward": "it saves its input for autograd, whose version counter "
-                                  "sees the in-place edit and raises",
-    "saved tensor edited inside": "the recompute runs past the edit and hands backward the "
-                                  "edited tensor; no saved tensor was there for autograd to check",
-    "optimizer step before backward": "the recompute uses the updated bias; nothing it saved "
-                                      "changed, so nothing tells it",
-    "RReLU fills a saved buffer": "its early stop ends the recompute at RReLU's save, before the "
-                                  "kernel fills the noise buffer (pytorch/pytorch#193671)",
-    "recompute differs (metadata)": "it compares each recomputed tensor's shape with the "
-                                    "forward's and raises CheckpointError",
-}
+BIAS_ANSWERS = ("the old bias", "the new bias", "refuses")
 
 
 def _chain(width: int = 64, depth: int = 4):
@@ -45,12 +30,32 @@ def kept_tensors() -> float:
 
 
 @functools.lru_cache(maxsize=1)
-def torch_verdicts() -> dict:
-    """Measured: "right", "wrong" or "refuses" for each of lesson 2's six faults
-    (`correctness.FAULTS`) under torch's non-reentrant checkpoint."""
-    from ckpt_lab.lessons import correctness
-    return {case.name: KINDS[correctness.outcome(case, "torch non-reentrant")[0].lower()]
-            for case in correctness.FAULTS}
+def recompute_bias() -> str:
+    """Measured: which bias torch's checkpoint recomputes with when an in-place update (what
+    ``opt.step()`` does) changes a Linear's bias between the forward and the backward: "the old
+    bias", "the new bias", or "refuses" (it raised)."""
+    torch.manual_seed(0)
+    lin, x = nn.Linear(64, 64), torch.randn(256, 64, requires_grad=True)
+    out = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(lin(t)), x, use_reentrant=False)
+    old = lin.bias.detach().clone()
+    with torch.no_grad():
+        lin.bias.add_(0.5)                   # the optimizer step, before backward
+    try:
+        out.square().sum().backward()
+    except RuntimeError:
+        return "refuses"
+
+    def grad_through(bias):                  # x's gradient had the recompute used `bias`
+        leaf = x.detach().requires_grad_(True)
+        torch.tanh(nn.functional.linear(leaf, lin.weight, bias)).backward(2 * out.detach())
+        return leaf.grad
+
+    misses = {answer: (x.grad - grad_through(b)).abs().max().item()
+              for answer, b in (("the old bias", old), ("the new bias", lin.bias.detach()))}
+    closest = min(misses, key=misses.get)
+    if misses[closest] > 1e-5:               # neither bias explains the gradient
+        raise RuntimeError(f"the recompute used neither bias (misses {misses}); check the case")
+    return closest
 
 
 class ResBlock(nn.Module):
@@ -99,22 +104,21 @@ _kept = near(
          "handles, and only the output survives the forward.")
 
 
-def _verdicts(answer):
-    expected = torch_verdicts()
-    if not isinstance(answer, dict) or set(answer) != set(expected):
-        return False, ("Give a dict with one entry per case, each 'right', 'wrong' or 'refuses': "
-                       + ", ".join(repr(k) for k in expected) + ".")
-    given = {k: KINDS.get(str(v).strip().lower()) for k, v in answer.items()}
-    if None in given.values():
-        return False, "Each value is 'right', 'wrong' or 'refuses'."
-    misses = [k for k in expected if given[k] != expected[k]]
-    wrong = sum(v == "wrong" for v in expected.values())
-    if not misses:
-        return True, (f"all {len(expected)}: torch's checkpoint was silently wrong in {wrong} of "
-                      f"{len(expected)} cases.")
-    return False, (f"{len(expected) - len(misses)} of {len(expected)}. " + " ".join(
-        f"{k}: {expected[k]}, because {WHY.get(k, 'that is what the grid measured')}."
-        for k in misses))
+_bias = one_of(
+    BIAS_ANSWERS, recompute_bias, normalise=lambda a: a.strip().lower(),
+    right="{expected}: the recompute runs the function again, and the function reads the bias "
+          "as it is now, after the step. Nothing checks it: autograd's version counters guard "
+          "only saved tensors, and no operation saves a bias (a Linear's backward needs its "
+          "input and weight). The gradient is silently that of a network that never ran; "
+          "ckpt_lab's parameter-version guard refuses instead.",
+    wrong="Measured: {expected}.",
+    hints={"the old bias": "Measured: {expected}. A checkpoint keeps only its inputs; the bias "
+                           "is no input, so the recompute reads it from the module, as it is "
+                           "when backward runs: after the step.",
+           "refuses": "Measured: {expected}, silently. Autograd's version counters guard saved "
+                      "tensors only, and no operation saves a bias: a Linear's backward needs "
+                      "its input and weight, not its bias. Nothing notices the edit (ckpt_lab's "
+                      "parameter-version guard does, and refuses)."})
 
 
 def _conv_only(answer):
@@ -156,7 +160,13 @@ def _my_checkpoint(answer):
     x = torch.randn(64, 16)
     plain = _grads(chain, lambda f, t: f(t), x)
     try:
+        if answer(chain, x.detach().requires_grad_(True)) is None:
+            raise NotImplementedError
         yours = _grads(chain, answer, x)
+    except NotImplementedError:
+        return False, ("not answered yet: your function returns None. Start from design 2 "
+                       "(hooks_checkpoint): save torch.get_rng_state() in forward and restore it "
+                       "around the recompute.")
     except Exception as e:  # the learner's code: report, do not raise
         return False, f"Your function raised {type(e).__name__}: {e}"
     if not all(torch.equal(a, b) for a, b in zip(plain, yours)):
@@ -176,10 +186,11 @@ EXERCISES = [
     Exercise("02.kept_tensors", "torch.utils.checkpoint.checkpoint(chain, x, use_reentrant=False) "
              "around 4 blocks Linear -> ReLU: after the forward, how many new tokens x width "
              "tensors does it keep (the input x, made before, is not counted): 0, 1 or 4?", _kept, expected=kept_tensors),
-    Exercise("02.torch_verdicts", "For each of the six faults, is PyTorch's non-reentrant "
-             "checkpoint 'right', silently 'wrong', or does it 'refuse' (raise)? A dict "
-             "{case: answer} over: " + ", ".join(repr(k) for k in WHY) + ".", _verdicts,
-             expected=torch_verdicts),
+    Exercise("02.recompute_bias", "After a checkpointed forward, an optimizer step adds to a "
+             "Linear's bias in place; then backward runs. Which bias does the recompute of "
+             "torch.utils.checkpoint.checkpoint(..., use_reentrant=False) use: 'the old bias', "
+             "'the new bias', or does it raise ('refuses')?", _bias,
+             expected=recompute_bias),
     Exercise("02.conv_only_saving", "x + relu(bn(conv(x))) with only the conv checkpointed: "
              "what fraction of what the block keeps after its forward does that free: 0, 1/3 "
              "or 2/3?", _conv_only, expected=conv_only_saving),
