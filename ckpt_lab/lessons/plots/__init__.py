@@ -18,7 +18,7 @@ One module per kind of figure, every name re-exported here (``plots.timeline(...
 from .bar_charts import bars, band_bars, grouped_bars, ratio_panels, side_by_side, technique_bars
 from .curves import (attention_kinds, depth_panels, measured_vs_predicted, model_parity,
                      ratio_points, segment_curve, u_curves, vocab_panels)
-from .diagrams import block_matmuls, block_sizes
+from .diagrams import ELEMENTWISE_COLOR, MATMUL_COLOR, block_matmuls, block_sizes
 from .grids import (VERDICT_COLORS, VERDICTS, ladder_paths, pipeline_grid, pipeline_times,
                     segment_plans, verdict_grid, verdict_of)
 from .layers import (LAYER_PARTS, block_terms, layer_bars, layer_parts, layer_profile,
