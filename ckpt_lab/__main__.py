@@ -1,5 +1,7 @@
 """Command line: `ckpt-lab plan --layers 48 --hidden 4096 ... --device-memory 80GB`, or
-`ckpt-lab plan --arch llama2-70b --micro-batch 1 --device-memory 141GB`.
+`ckpt-lab plan --arch llama2-70b --micro-batch 1 --device-memory 141GB`, or fine-tuning:
+`ckpt-lab plan --arch llama2-7b --lora-rank 16 --base-bits 4 --optimizer paged_adamw8bit
+--device-memory 24GB`.
 
 The same tool runs as `python -m ckpt_lab`; usage lines name whichever way it was started.
 """
@@ -11,7 +13,7 @@ import sys
 
 from .capacity import (ARCHITECTURES, DEFAULT_HEADROOM, TransformerConfig, parse_bytes,
                        plan_table)
-from .formulas import ATTENTIONS, MLPS, OPTIMIZERS, PRECISIONS, STYLES
+from .formulas import ATTENTIONS, BASE_BITS, MLPS, OPTIMIZERS, PRECISIONS, STYLES
 
 SHAPE = ("layers", "hidden", "heads", "seq")
 
@@ -43,7 +45,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     plan.add_argument("--style", choices=STYLES, help="gpt (default) or llama bookkeeping")
     plan.add_argument("--dropout", choices=("on", "off"), help="default: on for gpt style")
     plan.add_argument("--precision", choices=sorted(PRECISIONS), default="mixed")
-    plan.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    plan.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                      help="adamw8bit: bitsandbytes' 8-bit Adam; paged_*: its state may move "
+                           "to the host while activations peak")
+    plan.add_argument("--lora-rank", type=int,
+                      help="fine-tune LoRA adapters of this rank on every block's linear "
+                           "layers, the base frozen (default: full training)")
+    plan.add_argument("--base-bits", type=int, choices=BASE_BITS, default=16,
+                      help="bits of the frozen base's weights with --lora-rank: 16, 8 "
+                           "(LLM.int8) or 4 (NF4, QLoRA)")
     plan.add_argument("--device-memory", required=True, help="e.g. 80GB, 24GiB")
     plan.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                       help="fraction of the device the peak may use (default 0.85)")
@@ -60,7 +70,7 @@ def main(argv=None) -> int:
     if args.dropout is not None:
         fields["dropout"] = args.dropout == "on"
     fields.update(micro_batch=args.micro_batch, precision=args.precision,
-                  optimizer=args.optimizer)
+                  optimizer=args.optimizer, lora_rank=args.lora_rank, base_bits=args.base_bits)
     try:
         if args.arch:
             cfg = TransformerConfig.named(args.arch, **fields)

@@ -17,6 +17,15 @@ MLP, attention written out, dropout: the defaults) or a current one: fused atten
 the embedding dropout mask (sbh bytes, with dropout), the inputs of the final norm and of the
 output projection (2 x d sbh) and the fp32 logits the cross-entropy works on (4 sbV).
 
+Fine-tuning (``lora_rank``): the base is frozen, stored in ``base_bits`` (16, or 8 and 4 as
+bitsandbytes quantises it), and only LoRA adapters on every linear layer of the blocks train,
+in fp32, with their gradients and optimizer state (`formulas.lora_state_bytes`); each adapter
+keeps its r-wide output and its own copy of its input for backward
+(`formulas.lora_layer_extra_bytes`), and a quantised base adds one dequantised weight at a time
+to the step (`formulas.dequantized_copy_bytes`). A ``paged_`` optimizer's state may move
+to the host while activations peak (bitsandbytes' paged optimizers, QLoRA sec. 3), so it
+counts only against the model state, not on top of the activations.
+
 `ARCHITECTURES` names published models; `TransformerConfig.named("llama2-70b", seq=4096)`
 builds one, and its `num_params` equals the parameter count of the released checkpoint
 (tests/test_capacity.py asserts it).
@@ -24,7 +33,7 @@ builds one, and its `num_params` equals the parameter count of the released chec
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import formulas as F
 
@@ -56,6 +65,8 @@ class TransformerConfig:
     attention: str = "eager"
     style: str = "gpt"
     dropout: bool | None = None
+    lora_rank: int | None = None
+    base_bits: int = 16
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch"):
@@ -73,6 +84,23 @@ class TransformerConfig:
         elif not isinstance(self.dropout, bool):
             raise ValueError(f"dropout must be True, False or None, got {self.dropout!r}")
         F.model_state_per_param(self.precision, self.optimizer)  # validates both names
+        if self.base_bits not in F.BASE_BITS:
+            raise ValueError(f"base_bits must be one of {F.BASE_BITS}, got {self.base_bits!r}")
+        if self.lora_rank is None:
+            if self.base_bits != 16:
+                raise ValueError(f"a {self.base_bits}-bit base is frozen and cannot train by "
+                                 "itself: give a LoRA rank too (QLoRA: base_bits=4, lora_rank=16)")
+            return
+        smallest = min(min(shape) for shape in self.linear_shapes().values())
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) \
+                or not 1 <= self.lora_rank <= smallest:
+            raise ValueError(f"lora_rank must be an int from 1 to {smallest} (the smallest side "
+                             f"of a layer's weights), got {self.lora_rank!r}; 8 to 64 is usual")
+        if self.precision not in ("mixed", "fp32"):
+            raise ValueError("with LoRA, precision must be 'mixed' (a 16-bit base) or 'fp32'; "
+                             f"got {self.precision!r}")
+        if self.precision == "fp32" and self.base_bits != 16:
+            raise ValueError("a quantised base computes in 16 bits: use precision='mixed'")
 
     @classmethod
     def named(cls, name: str, **overrides) -> "TransformerConfig":
@@ -86,6 +114,46 @@ class TransformerConfig:
         """Parameters, counted by `formulas.transformer_params` for this style."""
         return F.transformer_params(self.layers, self.hidden, self.heads, self.vocab, self.seq,
                                     self.kv_heads, self.mlp, self.intermediate, self.style)
+
+    def linear_shapes(self) -> dict:
+        """(d_out, d_in) of one block's weight matrices, the ones LoRA adapts."""
+        return F.transformer_linear_shapes(self.hidden, self.heads, self.kv_heads, self.mlp,
+                                           self.intermediate)
+
+    def finetune_state(self) -> F.FinetuneStateBytes:
+        """Model state with LoRA: the frozen base, the adapters, their gradients and state."""
+        if self.lora_rank is None:
+            raise ValueError("finetune_state needs a lora_rank; full training's state is "
+                             "formulas.model_state_bytes")
+        shapes = list(self.linear_shapes().values()) * self.layers
+        other = self.num_params - sum(o * i for o, i in shapes)
+        fp32 = self.precision == "fp32"   # an fp32 base: 4 bytes a weight
+        return F.lora_state_bytes(shapes, other, self.lora_rank, 32 if fp32 else self.base_bits,
+                                  self.optimizer, other_bytes=4 if fp32 else 2)
+
+    @property
+    def model_state_bytes(self) -> int:
+        """Weights, gradients and optimizer state: full training's, or LoRA's."""
+        if self.lora_rank is None:
+            return F.model_state_bytes(self.num_params, self.precision, self.optimizer)
+        return self.finetune_state().total
+
+    @property
+    def pageable_bytes(self) -> int:
+        """Optimizer state a paged optimizer may move to the host while activations peak."""
+        if not self.optimizer.startswith("paged_"):
+            return 0
+        if self.lora_rank is not None:
+            return self.finetune_state().optimizer
+        return round(self.num_params * F.optimizer_bytes_per_param(self.optimizer))
+
+    def describe_training(self) -> str:
+        """What trains, in what: e.g. "LoRA r=16 on a 4-bit base, adamw8bit"."""
+        if self.lora_rank is None:
+            return f"full training, {self.precision} + {self.optimizer}"
+        return (f"LoRA r={self.lora_rank} on every block's linear layers, "
+                f"{self.base_bits if self.precision == 'mixed' else 32}-bit frozen base, "
+                f"{self.optimizer}")
 
     @property
     def act_dtype_bytes(self) -> int:
@@ -154,11 +222,15 @@ class StrategyRow:
     model_state_bytes: int
     recompute_overhead: float  # extra FLOPs / FLOPs of a step without recompute
     fits: bool
+    pageable_bytes: int = 0    # a paged optimizer's state, on the host while activations peak
 
     @property
     def total_bytes(self) -> int:
-        """Model state plus activation peak."""
-        return self.activation_bytes + self.model_state_bytes
+        """Total peak (model state included): the state plus the step peak (activations),
+        less what a paged optimizer moves to the host meanwhile (then the state alone, at
+        the optimizer's step, is the floor)."""
+        return max(self.activation_bytes + self.model_state_bytes - self.pageable_bytes,
+                   self.model_state_bytes)
 
 
 def parse_bytes(text) -> int:
@@ -189,6 +261,11 @@ def _layer_and_extra(cfg: TransformerConfig, micro: int) -> tuple[int, int, int,
     sbh = cfg.seq * micro * cfg.hidden
     boundary = d * sbh
     extra = (sbh if cfg.dropout else 0) + 2 * d * sbh + 4 * cfg.seq * micro * cfg.vocab
+    if cfg.lora_rank is not None:   # adapters' outputs, input copies and 16-bit weights
+        shapes = cfg.linear_shapes()
+        lora = F.lora_layer_extra_bytes(cfg.seq * micro, shapes, cfg.lora_rank, d)
+        layer, selective = layer + lora, selective + lora
+        extra += F.dequantized_copy_bytes(shapes.values(), cfg.base_bits, d)
     return layer, selective, boundary, extra
 
 
@@ -216,7 +293,7 @@ def strategy_rows(cfg: TransformerConfig, device_bytes: int,
     if not 0 < headroom <= 1:
         raise ValueError(f"headroom must be in (0, 1], got {headroom}")
     L = cfg.layers
-    state = F.model_state_bytes(cfg.num_params, cfg.precision, cfg.optimizer)
+    state, pageable = cfg.model_state_bytes, cfg.pageable_bytes
     ks = [k for k in (2, 4, 8) if k < L]
     rows = []
     steps = 1
@@ -237,9 +314,8 @@ def strategy_rows(cfg: TransformerConfig, device_bytes: int,
         bis = F.bisection_cost(L, layer, boundary)
         candidates.append(("recursive", bis.peak_bytes, bis.recompute_layers * fwd_layer / base))
         for name, act, overhead in candidates:
-            total = act + extra + state
-            rows.append(StrategyRow(name, steps, micro, act + extra, state, overhead,
-                                    total <= headroom * device_bytes))
+            row = StrategyRow(name, steps, micro, act + extra, state, overhead, False, pageable)
+            rows.append(replace(row, fits=row.total_bytes <= headroom * device_bytes))
         steps *= 2
     return rows
 
@@ -257,9 +333,10 @@ def plan_table(cfg: TransformerConfig, device_bytes: int,
     rows = strategy_rows(cfg, device_bytes, headroom)
     gib = 2 ** 30
     lines = [f"{cfg.describe()}: {cfg.num_params / 1e9:.2f}B parameters, "
-             f"{cfg.precision} + {cfg.optimizer}",
+             f"{cfg.describe_training()}",
              f"device {device_bytes / 1e9:.1f} GB = {device_bytes / gib:.1f} GiB, budget "
-             f"{headroom:.0%} = {headroom * device_bytes / gib:.1f} GiB; recompute: extra FLOPs "
+             f"{headroom:.0%} = {headroom * device_bytes / gib:.1f} GiB; activations: step peak "
+             "(activations); total: total peak (model state included); recompute: extra FLOPs "
              "as a share of a step's (forward + backward)",
              f"{'strategy':<22}{'accum':>6}{'micro':>6}{'activations':>13}{'state':>10}"
              f"{'total':>10}{'recompute':>11}  fits"]
@@ -271,8 +348,10 @@ def plan_table(cfg: TransformerConfig, device_bytes: int,
     best = cheapest(rows)
     if best is None:
         state = rows[0].model_state_bytes
-        why = ("the model state alone exceeds the budget; shard it (ZeRO/FSDP) or use a larger "
-               "device" if state > headroom * device_bytes else
+        smaller = ("fine-tune with LoRA (--lora-rank 16), on a 4-bit base (--base-bits 4), "
+                   "or " if cfg.lora_rank is None else "quantise the base (--base-bits 4), ")
+        why = ("the model state alone exceeds the budget; " + smaller + "shard it (ZeRO/FSDP), "
+               "or use a larger device" if state > headroom * device_bytes else
                "even the leanest strategy at micro-batch 1 is too large; shorten the sequence")
         lines.append(f"nothing fits: {why}.")
     else:

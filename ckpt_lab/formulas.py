@@ -3,7 +3,8 @@
 Everything here is a function of sizes and dtypes, so it can price a 70B model on a laptop.
 `ckpt_lab.memory` measures the same quantities; the tests hold the two to each other.
 
-Sections: model state (params, grads, optimizer) per parameter; activations of a transformer
+Sections: model state (params, grads, optimizer) per parameter; fine-tuning's model state
+(LoRA adapters, 4- and 8-bit bases, 8-bit Adam); activations of a transformer
 layer after Megatron-LM; the peak of a segmented chain; recursive bisection; FLOPs; and the two
 source articles' formulas, reproduced as they stand next to corrected versions.
 """
@@ -15,8 +16,13 @@ from functools import lru_cache
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "fp16": 2, "float16": 2, "bf16": 2,
                "bfloat16": 2, "fp8": 1, "int8": 1}
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adamw8bit", "paged_adamw", "paged_adamw8bit")
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}   # fp32 states per parameter
+# bitsandbytes' 8-bit Adam (Dettmers et al. 2022): two 1-byte states, each with one fp32 absmax
+# per block of 256 values; a tensor under 4096 values keeps its two states in fp32.
+EIGHT_BIT_BLOCK = 256
+EIGHT_BIT_MIN_NUMEL = 4096
+EIGHT_BIT_ADAM_BYTES = 2 * (1 + 4 / EIGHT_BIT_BLOCK)
 
 
 def dtype_bytes(dtype) -> int:
@@ -41,10 +47,10 @@ class ModelStateBytes:
     params: int
     grads: int
     master: int
-    optimizer: int
+    optimizer: float   # 8-bit Adam: 2 bytes plus its block constants
 
     @property
-    def total(self) -> int:
+    def total(self) -> float:
         """Bytes per parameter, all parts together."""
         return self.params + self.grads + self.master + self.optimizer
 
@@ -77,14 +83,16 @@ def model_state_per_param(precision: str = "mixed", optimizer: str = "adam") -> 
     micro-batches or all-reducing in 16 bits loses precision. Megatron's fp16 path keeps
     fp16 grads *and* an fp32 "main grad" copy: 2 + 2 + 4 + 12 = 20. Pure fp32 Adam needs no
     master copy: 4 + 4 + 8 = 16 as well, which is why mixed precision saves activation memory
-    and time but not model-state memory.
+    and time but not model-state memory. 8-bit Adam ("adamw8bit") keeps its two states in 2
+    bytes plus block constants (`optimizer_bytes_per_param`); a "paged_" optimizer keeps the
+    same bytes, in memory the driver may move to the host (`capacity` prices that).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     p_dtype, g_dtype, master, main_grad = PRECISIONS[precision]
-    states = 4 * OPTIMIZER_STATES[optimizer]
+    states = optimizer_bytes_per_param(optimizer)
     grads = dtype_bytes(g_dtype) + (4 if main_grad else 0)
     return ModelStateBytes(dtype_bytes(p_dtype), grads, 4 if master else 0, states)
 
@@ -92,7 +100,7 @@ def model_state_per_param(precision: str = "mixed", optimizer: str = "adam") -> 
 def model_state_bytes(num_params: int, precision: str = "mixed", optimizer: str = "adam") -> int:
     """Bytes of params + grads + master copy + optimizer states for `num_params` parameters."""
     _check_int("num_params", num_params)
-    return num_params * model_state_per_param(precision, optimizer).total
+    return round(num_params * model_state_per_param(precision, optimizer).total)
 
 
 def model_state_table() -> list[dict]:
@@ -105,6 +113,173 @@ def model_state_table() -> list[dict]:
                              grads=m.grads, master=m.master, optimizer_states=m.optimizer,
                              total=m.total))
     return rows
+
+
+# ------------------------------------------- fine-tuning: LoRA, quantised bases, 8-bit Adam
+BASE_BITS = (16, 8, 4)   # bits a frozen base weight is stored in (32: an fp32 base)
+NF4_BLOCK = 64            # QLoRA's NF4: one absmax per 64 weights...
+NF4_DQ_BLOCK = 256        # ...itself quantised to 8 bits, one fp32 constant per 256 absmax
+# Per quantised weight, tables bitsandbytes 0.50 keeps beside it: the NF4 code (16 fp32) and,
+# double-quantised, the absmax code (256 fp32) and one fp32 offset.
+NF4_TABLE_BYTES = 16 * 4
+NF4_DQ_TABLE_BYTES = 256 * 4 + 4
+
+
+def optimizer_bytes_per_param(optimizer: str = "adamw") -> float:
+    """Bytes of optimizer state per parameter of a large tensor: 0, 4, 8, or 8-bit Adam's
+    2 + 8/256 (two 1-byte states and one fp32 absmax per 256 values of each)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if optimizer.endswith("8bit"):
+        return EIGHT_BIT_ADAM_BYTES
+    return 4 * OPTIMIZER_STATES[optimizer.removeprefix("paged_")]
+
+
+def optimizer_state_bytes(numels, optimizer: str = "adamw", step_bytes: int = 4) -> int:
+    """Optimizer state of trainable tensors of `numels` values each, tensor by tensor.
+
+    torch's Adam(W) keeps two fp32 states and a 0-dim fp32 step count (`step_bytes`) per
+    tensor. bitsandbytes' 8-bit AdamW (`bnb.optim.AdamW8bit`, Dettmers et al. 2022) keeps
+    two uint8 states with one fp32 absmax per block of 256 values each, and a step count in
+    Python; a tensor under 4096 values (its `min_8bit_size`) keeps fp32 states. Its two
+    256-entry quantisation maps are shared by all tensors (2 KiB once, left out here).
+    """
+    bytes_per = optimizer_bytes_per_param(optimizer)   # validates the name
+    total = 0
+    for i, n in enumerate(numels):
+        _check_int(f"numels[{i}]", n, 1)
+        if not optimizer.endswith("8bit"):
+            total += int(bytes_per) * n + (step_bytes if bytes_per else 0)
+        elif n < EIGHT_BIT_MIN_NUMEL:
+            total += 8 * n
+        else:
+            total += 2 * (n + 4 * -(-n // EIGHT_BIT_BLOCK))
+    return total
+
+
+def quantized_weight_bytes(d_out: int, d_in: int, bits: int = 4,
+                           double_quant: bool = True) -> int:
+    """Bytes of one frozen (d_out x d_in) weight stored in `bits`, as bitsandbytes stores it.
+
+    * 16: bf16, 2 bytes a weight (32: fp32, 4).
+    * 8 (LLM.int8, Dettmers et al. 2022): an int8 weight and one fp32 scale per output row.
+    * 4 (NF4, Dettmers et al. 2023, QLoRA): two weights a byte and one absmax per 64 weights,
+      fp32 (0.5 bits a weight) or, double-quantised, 8-bit with one fp32 constant per 256 of
+      them: 8/64 + 32/(64 x 256) = 0.127 bits a weight, QLoRA's sec. 3 figure; plus the small
+      code tables bitsandbytes keeps per weight (`NF4_TABLE_BYTES`, `NF4_DQ_TABLE_BYTES`).
+    """
+    _check_int("d_out", d_out, 1)
+    _check_int("d_in", d_in, 1)
+    if bits not in BASE_BITS + (32,):
+        raise ValueError(f"bits must be one of {BASE_BITS}, got {bits!r}")
+    n = d_out * d_in
+    if bits >= 16:
+        return bits // 8 * n
+    if bits == 8:
+        return n + 4 * d_out
+    blocks = -(-n // NF4_BLOCK)
+    packed = -(-n // 2) + NF4_TABLE_BYTES
+    if not double_quant:
+        return packed + 4 * blocks
+    return packed + blocks + 4 * -(-blocks // NF4_DQ_BLOCK) + NF4_DQ_TABLE_BYTES
+
+
+def lora_numels(shapes, rank: int) -> list[int]:
+    """Sizes of the LoRA adapters of (d_out, d_in) weights: A is r x d_in, B is d_out x r.
+
+    Hu et al. 2021: W x + B A x, with A and B trained and W frozen; r (d_in + d_out) values
+    per adapted weight instead of d_out d_in.
+    """
+    _check_int("rank", rank, 1)
+    out = []
+    for d_out, d_in in shapes:
+        _check_int("d_out", d_out, 1)
+        _check_int("d_in", d_in, 1)
+        out += [rank * d_in, d_out * rank]
+    return out
+
+
+def transformer_linear_shapes(hidden: int, heads: int, kv_heads: int | None = None,
+                              mlp: str = "gelu", intermediate: int | None = None) -> dict:
+    """(d_out, d_in) of one layer's weight matrices: q, k, v, o, then the MLP's (gate,) up,
+    down; peft's ``target_modules="all-linear"`` adapts all of them (not the output head)."""
+    kv, inter = arch_options(hidden, heads, kv_heads, mlp, intermediate)
+    kv_dim = kv * (hidden // heads)
+    shapes = {"q": (hidden, hidden), "k": (kv_dim, hidden), "v": (kv_dim, hidden),
+              "o": (hidden, hidden)}
+    if mlp == "swiglu":
+        shapes["gate"] = (inter, hidden)
+    shapes.update(up=(inter, hidden), down=(hidden, inter))
+    return shapes
+
+
+@dataclass(frozen=True)
+class FinetuneStateBytes:
+    """Model state of fine-tuning with adapters: what is frozen and what trains."""
+
+    base: int              # the frozen weights, quantised or not
+    adapters: int          # trainable adapter weights
+    adapter_grads: int     # their gradients
+    optimizer: int         # their optimizer state
+
+    @property
+    def total(self) -> int:
+        """All four parts, in bytes."""
+        return self.base + self.adapters + self.adapter_grads + self.optimizer
+
+
+def lora_state_bytes(shapes, other_params: int, rank: int, base_bits: int = 16,
+                     optimizer: str = "adamw", adapter_bytes: int = 4,
+                     other_bytes: int = 2, double_quant: bool = True) -> FinetuneStateBytes:
+    """Model state of LoRA (or, with a 4-bit base, QLoRA) fine-tuning.
+
+    `shapes`: (d_out, d_in) of every frozen weight that gets an adapter, stored in `base_bits`
+    (`quantized_weight_bytes`); `other_params`: the frozen parameters that get none
+    (embeddings, norms, output head), `other_bytes` each (bitsandbytes quantises linear
+    layers only, and transformers keeps the head unquantised). The adapters train in fp32
+    (peft casts them so, whatever the base's dtype): weights and gradients 4 bytes a value,
+    the optimizer's state per tensor (`optimizer_state_bytes`). No fp32 master copy: the
+    trained values are fp32 already, and the frozen base has no gradient and no state.
+    """
+    _check_int("other_params", other_params)
+    shapes = list(shapes)
+    base = sum(quantized_weight_bytes(o, i, base_bits, double_quant) for o, i in shapes)
+    numels = lora_numels(shapes, rank)
+    adapters = adapter_bytes * sum(numels)
+    return FinetuneStateBytes(base + other_bytes * other_params, adapters, adapters,
+                              optimizer_state_bytes(numels, optimizer))
+
+
+def lora_layer_extra_bytes(tokens: int, shapes: dict, rank: int, act_bytes: int = 2) -> int:
+    """What LoRA (peft, under autocast) keeps per layer beyond full training's activations.
+
+    Each adapter keeps its r-wide output A x for B's gradient, and autocast's 16-bit copy of
+    its A and B. Each also keeps its own 16-bit copy of its input (peft casts the input to the
+    adapter's fp32 and autocast casts it back: a new tensor per adapter), where full training
+    keeps one input shared by q, k and v and one shared by gate and up: 2 (GeLU MLP) or 3
+    (SwiGLU) inputs more. `shapes`: one layer's adapted weights (`transformer_linear_shapes`).
+    """
+    _check_int("tokens", tokens, 1)
+    hidden = shapes["q"][1]
+    copies = 3 if "gate" in shapes else 2
+    adapters = sum(lora_numels(shapes.values(), rank))
+    return act_bytes * tokens * (rank * len(shapes) + copies * hidden) + 2 * adapters
+
+
+def dequantized_copy_bytes(shapes, base_bits: int = 4, compute_bytes: int = 2) -> int:
+    """The most bytes of dequantised base weights a step holds at once: one weight's copy.
+
+    bitsandbytes' 4-bit and 8-bit matmuls save the quantised weight for backward, not a
+    dequantised copy; each forward and each backward dequantises the weight it needs into a
+    temporary of the compute dtype and frees it when the matmul returns. So a step keeps no
+    copy, and its peak gains at most the largest weight in the compute dtype (a 16-bit base
+    needs none). tests/test_finetune.py measures both on a tiny Llama.
+    """
+    if base_bits not in BASE_BITS + (32,):
+        raise ValueError(f"base_bits must be one of {BASE_BITS}, got {base_bits!r}")
+    if base_bits >= 16:
+        return 0
+    return compute_bytes * max((o * i for o, i in shapes), default=0)
 
 
 # ------------------------------------------------------------- transformer layer (Megatron)
@@ -134,8 +309,8 @@ def megatron_layer_terms(seq: int, batch: int, hidden: int, heads: int,
         "attention output dropout mask": m * sbh,
         "layernorm 2 input": d * sbh,
         "MLP up-projection input": d * sbh,
-        "GeLU input (4h)": 4 * d * sbh,
-        "MLP down-projection input (4h)": 4 * d * sbh,
+        "GeLU input (4H)": 4 * d * sbh,
+        "MLP down-projection input (4H)": 4 * d * sbh,
         "MLP dropout mask": m * sbh,
     }
 
@@ -612,8 +787,8 @@ def gpt_block_terms(batch: int, seq: int, n_embd: int, n_head: int, dtype_bytes:
         "ln2 input (residual)": NC,
         "ln2 mean, rstd": 2 * N * d,
         "fc input (ln2 output)": NC,
-        "GELU input (4C)": 4 * NC,
-        "mlp proj input (GELU output, 4C)": 4 * NC,
+        "GELU input (4H)": 4 * NC,
+        "mlp proj input (GELU output, 4H)": 4 * NC,
         "mlp dropout mask": NCm if dropout else 0,
     }
     return terms

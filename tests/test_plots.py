@@ -143,16 +143,20 @@ def test_allocator_timeline_draws_tensor_and_allocator_bytes_and_marks_both_peak
         plots.allocator_timeline({"no allocator": plain})
 
 
-def test_vocab_panels_draw_measured_points_on_predicted_lines_and_the_floor():
-    fig = plots.vocab_panels([256, 1024], [0.1, 0.4], [256, 1024, 4096], [0.1, 0.4, 0.7],
-                             [1, 2, 4], [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
-                             [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
-                             floor_bytes=15 * plots.MIB)
-    share, chunks = fig.axes
+def test_loss_share_draws_measured_points_on_the_predicted_line():
+    fig = plots.loss_share([256, 1024], [0.1, 0.4], [256, 1024, 4096], [0.1, 0.4, 0.7])
+    (share,) = fig.axes
     line, points = share.get_lines()
     assert list(line.get_xdata()) == [256, 1024, 4096] and list(points.get_xdata()) == [256, 1024]
     assert list(points.get_ydata()) == [10, 40] and points.get_linestyle() == "None"
     assert "70% (predicted)" in [t.get_text() for t in share.texts]   # past the measured sizes
+
+
+def test_chunk_peaks_draw_measured_points_on_the_formula_and_the_floor():
+    fig = plots.chunk_peaks([1, 2, 4], [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
+                            [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
+                            floor_bytes=15 * plots.MIB)
+    (chunks,) = fig.axes
     formula, measured, floor = chunks.get_lines()
     assert to_rgba(measured.get_color()) == to_rgba(plots.PHASE_COLORS["recompute"])
     assert list(measured.get_ydata()) == [30, 20, 15] and list(floor.get_ydata()) == [15, 15]

@@ -74,8 +74,11 @@ def test_tradeoff_points_share_a_point_when_settings_coincide():
 
 def test_segment_plans_and_live_per_op_draw_what_they_are_given():
     fig = plots.segment_plans({"requested": [(1, 3)], "ran": [(1, 2), (2, 3)]}, 4, boundaries=[2])
-    widths = sorted(p.get_width() for p in fig.axes[0].patches)
-    assert widths == [1, 1, 2]
+    bars = [p for p in fig.axes[0].patches if p.get_width() > 0.5]
+    assert sorted(p.get_width() for p in bars) == [1, 1, 2]
+    # neighbouring segments stay apart: every other one hatched, each labelled with its layers
+    assert [bool(p.get_hatch()) for p in bars] == [False, False, True]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["1–2", "1", "2"]
     fig = plots.live_per_op({"A": [plots.MIB, 3 * plots.MIB]}, predicted={"A": 4 * plots.MIB})
     ax = fig.axes[0]
     assert list(ax.get_lines()[0].get_ydata()) == [1, 3] and ax.get_lines()[1].get_ydata()[0] == 4

@@ -137,13 +137,27 @@ def ledger(title: str, rows: dict[str, str]) -> None:
     _display(text, f"<b>{html.escape(title)}</b><table>{body}</table>")
 
 
-def _display(text: str, markup: str) -> None:
+def table(title: str, columns: list[str], rows: list[list]) -> None:
+    """Rows under named columns, as one table (text and HTML)."""
+    cells = [[str(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(f"{v:>{w}}" for v, w in zip(vals, widths))  # noqa: E731
+    text = "\n".join([title, line(columns)] + [line(r) for r in cells])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>"
+                   for r in cells)
+    markup = f"<b>{html.escape(title)}</b><table><tr>{head}</tr>{body}</table>"
+    _display(text, markup, plain=f"{title} ({len(rows)} rows, shown as a table)")
+
+
+def _display(text: str, markup: str, plain: str | None = None) -> None:
+    """`markup` in a notebook (with `plain`, default `text`, for text-only views), else `text`."""
     try:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:
         get_ipython = None
     if get_ipython is not None and get_ipython() is not None:
-        display({"text/plain": text, "text/html": markup}, raw=True)
+        display({"text/plain": plain or text, "text/html": markup}, raw=True)
     else:
         print(text)

@@ -1,5 +1,6 @@
 """Exercises of lesson 8 (will it fit?): three committed predictions, each judged against a
-planner computation or a measurement made when it is judged."""
+planner computation or a measurement made when it is judged, and a build task: the model-state
+bytes of LoRA fine-tuning, run against a peft measurement and `formulas.lora_state_bytes`."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -121,47 +122,119 @@ def _planner_error(answer):
                   "(backward's working memory) is a larger share of a denser plan.")
 
 
-@lru_cache(maxsize=1)
-def accumulation_time_ratio(repeats: int = 9) -> float:
-    """CPU time of the batch in 4 accumulated micro-batches over one plain step (same FLOPs),
-    measured once per process: the judge and the solutions' printout read the same timing."""
+def _ladder_configs():
+    """The lesson's course GPT at CPU sizes, and the configurations two orders of the ladder
+    end at under a budget of 30% of the plain step's peak: (accumulate first, densify first)."""
+    import logging
+
     from ckpt_lab import fallback
     from ckpt_lab.models import build_model
+    logging.getLogger("ckpt_lab.fallback").setLevel(logging.ERROR)   # the rungs, unprinted
     cfg, x, y = course_gpt()
     model = build_model(cfg)
     plain = fallback.StepConfig(0, 1, x.shape[0])
-    accumulated = fallback.StepConfig(0, 4, x.shape[0])
-    one, four = fallback.median_seconds(model, x, y, [plain, accumulated], repeats=repeats)
-    return four / one
+    limit = int(0.30 * fallback.chain_step(model, x, y)(plain).peak_bytes)
+    step = fallback.chain_step(model, x, y, limit_bytes=limit)
+    ends = [fallback.run_with_fallback(step, plain, order=order, max_every=cfg.n_layer).config
+            for order in (("accumulate", "densify", "shrink"), ("densify", "accumulate", "shrink"))]
+    return model, x, y, plain, ends
 
 
-def accumulation_time() -> str:
-    """Measured on this CPU: is accumulating 4 micro-batches 'slower', 'same' or 'faster'?"""
-    r = accumulation_time_ratio()
-    return "slower" if r > 1.1 else "faster" if r < 0.9 else "same"
+@lru_cache(maxsize=1)
+def ladder_flop_ratios() -> tuple[float, float]:
+    """FLOPs of the configurations the two ladders end at, each over the plain step's."""
+    from ckpt_lab import fallback
+    model, x, y, plain, ends = _ladder_configs()
+    base = fallback.config_flops(model, x, y, plain)
+    return tuple(fallback.config_flops(model, x, y, c) / base for c in ends)
 
 
-_accumulation_time = one_of(
-    ("slower", "same", "faster"), accumulation_time, normalise=str.lower,
-    right="{expected}: every micro-batch repeats every operation, and at these sizes a step's "
-          "time is mostly per-operation overhead, not arithmetic (the measured factor is on "
-          "screen above).",
-    hints={"same": "FLOPs are the same, but the CPU time is not: each of the 4 micro-batches "
-                   "runs every operation, and small operations cost their overhead whatever "
-                   "their size."},
-    wrong="It ran {expected} on this CPU: the arithmetic is the same, the number of operations "
-          "is 4 times larger.")
+def ladder_flops() -> str:
+    """Measured: which ladder's end runs more FLOPs per step (or 'same')."""
+    accumulate, densify = ladder_flop_ratios()
+    if abs(accumulate - densify) < 0.01:
+        return "same"
+    return "densify first" if densify > accumulate else "accumulate first"
+
+
+_ladder_flops = one_of(
+    ("accumulate first", "densify first", "same"), ladder_flops, normalise=str.lower,
+    right="{expected} costs more: a checkpoint re-runs its segment's forward in backward "
+          "(x{densify:.2f} FLOPs here), while accumulation splits the same arithmetic into "
+          "micro-batches (x{accumulate:.2f}).",
+    hints={"same": "Both fit, but only one adds arithmetic: which one runs a forward twice?",
+           "accumulate first": "Accumulation splits the batch into micro-batches that together "
+                               "do the arithmetic of one step; a checkpoint re-runs forwards "
+                               "(x{densify:.2f} FLOPs here against x{accumulate:.2f})."},
+    wrong="It is {expected}.",
+    facts=lambda: dict(zip(("accumulate", "densify"), ladder_flop_ratios())))
+
+
+# ------------------------------------------------------------------------------ build task
+LORA_OPTIMIZERS = ("adamw", "adamw8bit")
+
+
+def _llama2_7b_cases():
+    """(args, library bytes) for Llama 2 7B at r = 16: 16-, 8- and 4-bit bases, two optimizers."""
+    from ckpt_lab import capacity
+    cases = []
+    for bits in (16, 8, 4):
+        for optimizer in LORA_OPTIMIZERS:
+            cfg = capacity.TransformerConfig.named("llama2-7b", lora_rank=16, base_bits=bits,
+                                                   optimizer=optimizer)
+            shapes = list(cfg.linear_shapes().values()) * cfg.layers
+            other = cfg.num_params - sum(o * i for o, i in shapes)
+            cases.append(((shapes, other, 16, bits, optimizer), cfg.finetune_state()))
+    return cases
+
+
+def _lora_state(answer):
+    if not callable(answer):
+        return False, ("Pass your function itself: exercises.check('08.lora_state', "
+                       "lora_state_bytes).")
+    from ckpt_lab.lessons import finetune
+    shapes, other = finetune.tiny_shapes()
+    measured = finetune.measured_state(16, 16, "adamw")
+    cases = [((shapes, other, 16, 16, "adamw"), measured)] + _llama2_7b_cases()
+    for (shapes, other, r, bits, optimizer), want in cases:
+        parts = None if isinstance(want, int) else want
+        want = want if isinstance(want, int) else want.total
+        try:
+            got = answer(shapes, other, r, base_bits=bits, optimizer=optimizer)
+        except Exception as e:         # the learner's code: any error is a hint, not a crash
+            return False, f"Your function raised {type(e).__name__}: {e}"
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != got:
+            return False, f"Return a number of bytes, got {got!r}."
+        if abs(got / want - 1) > 0.01:
+            what = ("the tiny Llama measured with peft, bf16 base, AdamW" if parts is None else
+                    f"Llama 2 7B, {bits}-bit base, {optimizer}")
+            split = ("" if parts is None else
+                     f" (base {parts.base / GIB:.2f} GiB, adapters {parts.adapters / GIB:.3f}, "
+                     f"their gradients {parts.adapter_grads / GIB:.3f}, optimizer "
+                     f"{parts.optimizer / GIB:.3f})")
+            return False, (f"{what}: yours {got:,.0f} bytes, expected {want:,.0f}{split}. Only the adapters train: fp32 weights, fp32 "
+                           "gradients and the optimizer's state (8 bytes, or about 2 for 8-bit "
+                           "Adam) per adapter value; the base is frozen (no gradient, no "
+                           "state), 4.127 bits a weight when 4-bit.")
+    return True, (f"Within 1% of the peft measurement ({measured:,} bytes) and of "
+                  "formulas.lora_state_bytes for Llama 2 7B on 16-, 8- and 4-bit bases.")
 
 
 EXERCISES = [
     Exercise("08.fits_141gb", "Llama 2 7B, 13B and 70B, mixed-precision Adam, sequence 4096: "
-             "which can train on ONE 141 GB GPU (peak under 85%) with some checkpointing plan? "
+             "which can train on ONE 141 GB GPU (total peak, model state included, under 85%) "
+             "with some checkpointing plan? "
              "Answer a set such as {'7B', '13B'}.", _fits, expected=models_that_fit),
     Exercise("08.planner_error", "The planner counts what each layer keeps (Megatron's "
              "terms). Against a measured step of the course's GPT, does it read 'high' or "
              "'low', and where most: 'none', 'selective', 'segments of 1' or 'segments of 2'? "
              "Answer a pair like ('high', 'none').", _planner_error, expected=planner_error),
-    Exercise("08.accumulation_time", "Accumulating a batch in 4 micro-batches runs the same "
-             "FLOPs as one step. On a CPU, at this lesson's sizes, is it 'slower', 'same' or "
-             "'faster'?", _accumulation_time, expected=accumulation_time),
+    Exercise("08.ladder_flops", "Under the same simulated GPU, one ladder accumulates first "
+             "(halves the micro-batch, same global batch), another densifies first (checkpoints "
+             "more). Both end at a configuration that fits. Which end runs more FLOPs per step: "
+             "'accumulate first', 'densify first' or 'same'?", _ladder_flops,
+             expected=ladder_flops),
+    Exercise("08.lora_state", "Build task: write lora_state_bytes(shapes, other_params, r, "
+             "base_bits=16, optimizer='adamw'), the model-state bytes of LoRA fine-tuning, and "
+             "pass the function.", _lora_state),
 ]

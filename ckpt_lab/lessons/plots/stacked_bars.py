@@ -67,22 +67,26 @@ def segment_units(counts, kept_inputs, last_segment, measured, ax=None,
 
 def capacity_bars(state_bytes: dict, activation_bytes: dict, leanest_bytes: dict,
                   budgets: dict, ax=None, title="Planned, not measured: model state + "
-                  "activations per model"):
-    """Per model: model state and activations (stacked bars, GiB, log scale), the leanest plan's
-    total as a marker, and each GPU's budget as a dashed line."""
+                  "activations per model", labels=("model state (16 B/param)",
+                  "activations, no checkpoint, micro-batch 8",
+                  "leanest plan: recursive, micro-batch 1"), log: bool = True):
+    """Per model: model state and activations (stacked bars, GiB, log scale unless `log` is
+    False), the leanest plan's total as a marker, and each GPU's budget as a dashed line;
+    `labels` names the three."""
     fig, ax = _axes(ax, (7.5, 3.8))
     names = list(state_bytes)
     state = [state_bytes[n] / GIB for n in names]
-    ax.bar(names, state, color=NEUTRAL_COLORS[0], label="model state (16 B/param)")
+    ax.bar(names, state, color=NEUTRAL_COLORS[0], label=labels[0])
     ax.bar(names, [activation_bytes[n] / GIB for n in names], bottom=state,
-           color=NEUTRAL_COLORS[1], label="activations, no checkpoint, micro-batch 8")
+           color=NEUTRAL_COLORS[1], label=labels[1])
     ax.plot(names, [leanest_bytes[n] / GIB for n in names], "D", color=PREDICTED, ms=7,
-            label="leanest plan: recursive, micro-batch 1")
+            label=labels[2])
     for (label, nbytes), ls in zip(budgets.items(), ("--", ":", "-.")):
         ax.axhline(nbytes / GIB, color=PREDICTED, ls=ls, lw=1, label=f"85% of {label}")
-    ax.set_yscale("log")
-    ax.set(title=title, ylabel="GiB (log scale)")
-    ax.legend(fontsize=7, loc="upper left")
+    if log:
+        ax.set_yscale("log")
+    ax.set(title=title, ylabel="GiB (log scale)" if log else "GiB")
+    ax.legend(fontsize=7, loc="upper left" if log else "upper right")
     fig.tight_layout()
     return fig
 

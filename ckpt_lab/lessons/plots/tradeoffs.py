@@ -68,7 +68,8 @@ def plan_scatter(uniform, planned, front, total_cost: float,
             color="k", mfc="none", ms=8, label="uniform segments (measured)")
     ax.plot([p / MIB for p, _ in planned], [100 * c / total_cost for _, c in planned], "o",
             color=PHASE_COLORS["forward"], label="planner's plan within that peak (measured)")
-    ax.set(title=title, xlabel="step peak (MiB)", ylabel="forward re-run (% of FLOPs)")
+    ax.set(title=title, xlabel="step peak, activations (MiB)",
+           ylabel="forward re-run (% of FLOPs)")
     ax.title.set_fontsize(10)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
