@@ -72,12 +72,16 @@ def test_the_cores_take_a_larger_share_of_the_time_than_of_the_flops():
         block.attn.core.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
         block.attn.core.register_forward_hook(
             lambda *_: spent.append(time.perf_counter() - starts.pop()))
-    shares = []
-    for _ in range(5):
-        spent.clear()
-        start = time.perf_counter()
-        model(idx, idx).backward()
-        shares.append(sum(spent) / (time.perf_counter() - start))
+    shares, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)                       # steadier on a busy CPU
+    try:
+        for _ in range(5):
+            spent.clear()
+            start = time.perf_counter()
+            model(idx, idx).backward()
+            shares.append(sum(spent) / (time.perf_counter() - start))
+    finally:
+        torch.set_num_threads(threads)
     assert sorted(shares)[2] > 1.25 * flop_share
     assert exercises.EXERCISES["04.core_time_share"].expected() == "larger"
     assert judge("04.core_time_share", "larger") and judge("04.core_time_share", " Larger ")

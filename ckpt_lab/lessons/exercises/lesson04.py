@@ -7,6 +7,7 @@ several sizes.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -109,11 +110,17 @@ def core_time_over_flop_share(repeats: int = 5) -> float:
     model, idx = _gpt()
     plain = _flops(lambda: model(idx, idx).backward())
     cores = LAYERS * 4 * BATCH * SEQ ** 2 * HIDDEN          # Q K^T and . V, 2 B T^2 H each
-    time_share = forward_share(lambda: (model(idx, idx).backward(), model.zero_grad()),
-                               [b.attn.core for b in model.blocks()], repeats=repeats)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)          # one thread: on a busy CPU a thread pool blurs the split
+    try:
+        time_share = forward_share(lambda: (model(idx, idx).backward(), model.zero_grad()),
+                                   [b.attn.core for b in model.blocks()], repeats=repeats)
+    finally:
+        torch.set_num_threads(threads)
     return time_share / (cores / plain)
 
 
+@functools.lru_cache(maxsize=1)
 def core_time_share() -> str:
     """Measured: is the cores' share of the step's time larger than their share of its FLOPs
     (over 1.25 times), about the same, or smaller (under 0.8 times)?"""
