@@ -178,6 +178,41 @@ def test_throughput_panels_mark_what_does_not_fit_and_colour_by_policy():
     assert len([l for l in b.get_lines() if l.get_marker() == "o"]) == 2
 
 
+def test_throughput_panels_lay_machines_out_in_rows():
+    rows = [dict(policy="none", micro_batch=2, accumulation=4, peak_bytes=plots.MIB,
+                 tokens_per_s=1000)]
+    fig = plots.throughput_panels({name: (2 * plots.MIB, rows) for name in "abc"}, ncols=2)
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(fig.axes) == 4 and [ax.get_title() for ax in shown] == ["a", "b", "c"]
+    assert "step peak (activations)" in shown[0].get_xlabel()
+
+
+def test_technique_bars_stack_the_step_peak_on_the_model_state():
+    measured = {"plain": 10 * plots.MIB, "4 micro-batches": 3 * plots.MIB}
+    fig = plots.technique_bars(measured, {"plain": 9 * plots.MIB}, state_bytes=10 * plots.MIB)
+    ax = fig.axes[0]
+    state, step = ax.containers
+    assert [b.get_height() for b in state] == [10, 10]
+    assert [(b.get_y(), b.get_height()) for b in step] == [(10, 10), (10, 3)]
+    assert [l.get_ydata()[0] for l in ax.get_lines()] == [19]    # the formula, on the state
+    assert [t.get_text() for t in ax.texts] == ["step x1.00\ntotal x1.00",
+                                                "step x0.30\ntotal x0.65"]
+    plain = plots.technique_bars(measured)                       # no state: the step peak alone
+    assert len(plain.axes[0].containers) == 1 and plain.axes[0].texts[1].get_text() == "step x0.30"
+
+
+def test_combination_grid_draws_total_peaks_against_a_total_budget():
+    rows = [dict(policy="none", k=1, precision="fp32", peak=8 * plots.MIB, recompute_share=0),
+            dict(policy="every", k=1, precision="fp32", peak=2 * plots.MIB,
+                 recompute_share=0.2)]
+    fig = plots.combination_grid(rows, 14 * plots.MIB, state_bytes=10 * plots.MIB)
+    ax = fig.axes[0]
+    points = [l for l in ax.get_lines() if l.get_marker() == "o"]
+    assert [p.get_ydata()[0] for p in points] == [18, 12]
+    assert [p.get_markerfacecolor() == "none" for p in points] == [True, False]
+    assert "total peak" in ax.get_ylabel()
+
+
 def test_every_figure_module_is_reachable_as_plots_dot_name():
     """The figures live in one module per kind; notebooks call each as ``plots.name``."""
     import importlib

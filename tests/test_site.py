@@ -35,7 +35,9 @@ GLOSSARY_ANCHORS = [
     "flops", "micro-batch", "gradient-accumulation", "global-batch", "mixed-precision",
     "autocast", "attention-core", "fused-attention", "logits", "chunked-cross-entropy", "gqa", "swiglu", "rmsnorm", "rank", "ddp",
     "fsdp", "zero", "all-reduce", "reduce-scatter", "all-gather", "pipeline-stage", "bubble",
-    "gpipe", "1f1b", "tensor-parallelism", "sequence-parallelism"]
+    "gpipe", "1f1b", "tensor-parallelism", "sequence-parallelism",
+    "torchcompile", "dynamo", "guard", "graph-break", "aotautograd", "partitioner",
+    "decomposition", "inductor", "kernel-fusion", "activation-memory-budget"]
 
 
 def _png() -> str:

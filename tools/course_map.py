@@ -244,13 +244,18 @@ OUTCOMES = {
                          "(gradients bit for bit) and check its predicted "
                          f"{_g('step peak', 'step-peak')} against a measurement",
     "11_checkpointing_in_your_stack": "checkpoint Hugging Face and any model built of "
-                                      f"{_g('blocks', 'block')}, use PyTorch's "
+                                      f"{_g('blocks', 'block')}, write a policy for PyTorch's "
                                       f"{_g('selective API', 'selective-activation-checkpointing')}"
-                                      ", `save_on_cpu`, checkpointing under `torch.compile` and "
-                                      "its memory budget, and pick which switch to try first",
+                                      ", offload with `save_on_cpu`, and avoid the `use_cache` "
+                                      "and reentrant-over-LoRA traps",
     "12_scale_out": f"run {_g('DDP', 'ddp')}, {_g('FSDP', 'fsdp')}2 and a "
                     f"{_g('1F1B', '1f1b')} pipeline as real processes with checkpointing, and "
                     f"predict each {_g('rank', 'rank')}'s memory",
+    "13_compile_under_a_memory_budget": f"compile a training step with {_g('Inductor', 'inductor')}"
+                                        " under an "
+                                        f"{_g('activation memory budget', 'activation-memory-budget')}"
+                                        ", measure its step peak, step time and compile time "
+                                        "apart, and pick the budget that fits",
     "14_the_loss_at_large_vocabularies": "find the step peak in the loss of a large "
                                          "vocabulary, write a "
                                          f"{_g('chunked cross-entropy', 'chunked-cross-entropy')} "
@@ -266,7 +271,8 @@ PATHS = [
      "and what it costs"),
     ("The practitioner's lessons", ["06_optimal_schedules", "07_combining_techniques",
                                     "08_capacity_and_oom", "10_your_own_model",
-                                    "11_checkpointing_in_your_stack"],
+                                    "11_checkpointing_in_your_stack",
+                                    "13_compile_under_a_memory_budget"],
      "after the core, to make your own training fit. Plan, combine, size, apply, and the "
      "switches of the tools you use"),
     ("Optional: checking the claims", ["09_checking_the_claims"],

@@ -41,6 +41,7 @@ LESSONS = {
     "10_your_own_model": "How much would checkpointing save your model, and can you trust the plan?",
     "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
     "12_scale_out": "With D GPUs, which memory shrinks, and does checkpointing still pay?",
+    "13_compile_under_a_memory_budget": "Under torch.compile, what does a memory budget buy, and what does it cost?",
     "14_the_loss_at_large_vocabularies": "At a large vocabulary, what holds the step peak, and how far can chunking the loss cut it?",
 }
 
