@@ -5,7 +5,7 @@ For the course's GPT (gpt-cpu: 4 blocks, C = 128, T = 64) at vocabularies of 256
 2 and 8 chunks (`ckpt_lab.lessons.large_vocab.vocab_sweep`): the exact peak from
 `track_memory`, where it sits, the logits' share of it, the chunked peaks beside the formula
 (the model's other activations plus `formulas.chunked_cross_entropy_peak_bytes`), and the
-untracked step times.
+untracked step times. The JSON names the machine (`machine`) and carries the run's `notes`.
 Run: python -m benchmarks.bench_losses [--quick]  (writes benchmarks/results/losses.json)
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import machine
 from ckpt_lab.lessons.large_vocab import vocab_sweep
 
 OUT = Path(__file__).parent / "results" / "losses.json"
@@ -42,14 +43,16 @@ def main(out_path: Path | None = None, quick: bool = False, threads: int | None 
 
 def _main(out_path, quick: bool) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    described = machine.describe()               # the load before the run, not after it
     if quick:
         kwargs = dict(vocab_sizes=(256, 4096), batch=8, chunks=(2, 4), preset="gpt-tiny",
                       repeats=1)
     else:
         kwargs = dict(vocab_sizes=(256, 32768, 131072), batch=4, chunks=(2, 8),
-                      preset="gpt-cpu", repeats=3)
+                      preset="gpt-cpu", repeats=7)   # a median of 7 steadies a shared machine
     rows = vocab_sweep(device=device, **kwargs)
-    result = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+    result = {"device": device, "machine": described, "notes": machine.notes(),
+              "torch": torch.__version__, "threads": torch.get_num_threads(),
               "preset": kwargs["preset"], "batch": kwargs["batch"],
               "timed": "forward + backward, parameter gradients allocated beforehand; "
                        "median of untracked repeats",

@@ -17,7 +17,8 @@ no checkpoint at the m that fits) and what the recompute costs at M (no checkpoi
 full checkpointing at M). Checkpointing wins when the gain outweighs the cost.
 
 On a CPU, times are this process's CPU time with torch on one thread (the box is shared);
-on CUDA, wall time between synchronisations.
+on CUDA, wall time between synchronisations. The JSON names the machine (`machine`: CPU model,
+cores, torch, the load when the run began) and carries the run's `notes`.
 Run: python -m benchmarks.bench_throughput [--quick]  (writes benchmarks/results/throughput.json)
 """
 from __future__ import annotations
@@ -30,12 +31,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import machine
 from benchmarks.bench_losses import threads_set
 from ckpt_lab.training.data import TextBatches, load_corpus
 from ckpt_lab.training.models import build_model, get_config
 from ckpt_lab.training.throughput import budget_setups, measure_throughput, step_peak_bytes
 
 OUT = Path(__file__).parent / "results" / "throughput.json"
+REPEATS = 7          # timed rounds per setup (median): enough to steady a shared machine's noise
 
 
 def _cases(quick: bool, device: str) -> list[dict]:
@@ -46,9 +49,10 @@ def _cases(quick: bool, device: str) -> list[dict]:
     if device == "cuda":
         return [dict(name="gpt-gpu", config=get_config("gpt-gpu"), global_batch=16,
                      budgets={"roomy": 4, "tight": 1})]
-    return [dict(name="gpt-cpu", config=get_config("gpt-cpu"), global_batch=16,
+    # lesson 7's GPT at its CPU sizes (dropout off), so its run and this one are one experiment
+    return [dict(name="gpt-cpu", config=get_config("gpt-cpu", dropout=0.0), global_batch=16,
                  budgets={"roomy": 4, "tight": 1}),
-            dict(name="gpt-cpu, 8 layers", config=get_config("gpt-cpu", n_layer=8),
+            dict(name="gpt-cpu, 8 layers", config=get_config("gpt-cpu", n_layer=8, dropout=0.0),
                  global_batch=16, budgets={"tight": 1})]
 
 
@@ -90,7 +94,8 @@ def main(out_path: Path | None = None, quick: bool = False, threads: int | None 
 
 def _main(out_path, quick: bool, repeats: int | None) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    repeats = repeats if repeats is not None else (1 if quick else 3)
+    described = machine.describe()               # the load before the run, not after it
+    repeats = repeats if repeats is not None else (1 if quick else REPEATS)
     clock = "wall" if device == "cuda" else "cpu"
     cases = []
     for case in _cases(quick, device):
@@ -113,6 +118,7 @@ def _main(out_path, quick: bool, repeats: int | None) -> dict:
         del model
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else device,
+        "machine": described, "notes": machine.notes(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": repeats,
         "clock": ("wall time between CUDA synchronisations" if clock == "wall" else
                   "process CPU time around each optimizer step, torch on "

@@ -1,8 +1,14 @@
-"""Every benchmark in one command (`make bench`): each writes its JSON to benchmarks/results/."""
+"""Every benchmark in one command (`make bench`): each writes its JSON to benchmarks/results/.
+
+`python -m benchmarks.run_all [--quick] [--notes "..."]`: the notes (say, that the machine was
+shared while it ran) go into every JSON the run writes (`benchmarks.machine.notes`)."""
+import argparse
 import importlib
+import os
 import pkgutil
-import sys
 from pathlib import Path
+
+from benchmarks.machine import NOTES_VARIABLE
 
 
 def main(quick: bool = False) -> list[str]:
@@ -18,4 +24,10 @@ def main(quick: bool = False) -> list[str]:
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    parser = argparse.ArgumentParser(description="Run every benchmark; each writes its JSON.")
+    parser.add_argument("--quick", action="store_true", help="the small sizes (a smoke test)")
+    parser.add_argument("--notes", help="a note every JSON of this run carries")
+    args = parser.parse_args()
+    if args.notes:
+        os.environ[NOTES_VARIABLE] = args.notes
+    main(quick=args.quick)

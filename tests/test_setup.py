@@ -18,7 +18,8 @@ ALIASES = {"pytorch": "torch", "pytorch-cpu": "torch", "playwright-python": "pla
 CONDA_ONLY = {"python", "pip"}       # the interpreter and installer, not project packages
 SITE = {"sphinx", "myst-nb", "myst-parser", "sphinx-book-theme", "pydata-sphinx-theme",
         "docutils", "sphinx-mathjax-offline"}    # tools/build_site.py; not for Binder
-TEST_ONLY = {"pytest", "nbval", "playwright", "ruff"} | SITE
+STACKS = {"accelerate", "lightning"}   # tests/lessons/test_recipes_stacks.py; not for Binder
+TEST_ONLY = {"pytest", "nbval", "playwright", "ruff"} | SITE | STACKS
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

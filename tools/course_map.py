@@ -177,12 +177,14 @@ def lessons(budgets: Path = BUDGETS, folders=(NOTEBOOKS,)) -> list[Lesson]:
     `folders` that holds it), its run time from the test run's `budgets`."""
     seconds = run_seconds(budgets)
     rows = []
-    for i, (name, title) in enumerate(LESSONS.items()):
+    for name, title in LESSONS.items():
         path = next((Path(f) / f"{name}.ipynb" for f in folders
                      if (Path(f) / f"{name}.ipynb").exists()), None)
         if path is None:
             raise FileNotFoundError(f"no {name}.ipynb in {', '.join(map(str, folders))}")
-        rows.append(Lesson(i, name, title, study_minutes(read_notebook(path)), seconds.get(name)))
+        number = int(name[:2])             # a lesson's number is its file's: 00_tour is 0
+        rows.append(Lesson(number, name, title, study_minutes(read_notebook(path)),
+                           seconds.get(name)))
     return rows
 
 
@@ -214,17 +216,17 @@ OUTCOMES = {
     "04_the_price": f"predict and count a step's {_g('FLOPs', 'flops')} under any checkpoint "
                     f"plan, say what {_g('early stop', 'early-stop')} skips, and compare a step's "
                     "time ratio with its FLOP ratio, testing one reason they differ",
-    "05_transformers_selective": "list what a transformer block keeps, tensor by tensor, "
+    "05_transformers_selective": "count what a transformer block keeps, tensor by tensor, "
                                  "against Megatron's per-layer count, checkpoint the "
                                  f"{_g('attention core', 'attention-core')} alone "
                                  f"({_g('selective recomputation', 'selective-recomputation')}), "
-                                 f"see what {_g('fused attention', 'fused-attention')} leaves "
-                                 "to free, and chunk the loss of a large vocabulary",
+                                 f"and see what {_g('fused attention', 'fused-attention')} "
+                                 "leaves to free",
     "06_optimal_schedules": "place checkpoints for a memory "
-                            f"{_g('budget', 'budget')} (tensor or allocator bytes) with the planner on the step model "
-                            "(checked by measurement), read the "
-                            f"{_g('Pareto front', 'pareto-front')}, and get O(log L) memory by "
-                            "recursive bisection",
+                            f"{_g('budget', 'budget')} (tensor or allocator bytes) with the "
+                            "planner's dynamic programme on the step model (checked by "
+                            f"measurement), read the {_g('Pareto front', 'pareto-front')}, and "
+                            "write recursive bisection for O(log L) memory",
     "07_combining_techniques": f"predict what {_g('gradient accumulation', 'gradient-accumulation')}, "
                                f"bf16 {_g('autocast', 'autocast')} and {_g('offload', 'offload')} "
                                "do to a step's peak, alone and with checkpointing, pick the "
@@ -242,13 +244,23 @@ OUTCOMES = {
                          "(gradients bit for bit) and check its predicted "
                          f"{_g('step peak', 'step-peak')} against a measurement",
     "11_checkpointing_in_your_stack": "checkpoint Hugging Face and any model built of "
-                                      f"{_g('blocks', 'block')}, use PyTorch's "
+                                      f"{_g('blocks', 'block')}, write a policy for PyTorch's "
                                       f"{_g('selective API', 'selective-activation-checkpointing')}"
-                                      ", `save_on_cpu`, checkpointing under `torch.compile` and "
-                                      "its memory budget, and pick which switch to try first",
+                                      ", offload with `save_on_cpu`, and avoid the `use_cache` "
+                                      "and reentrant-over-LoRA traps",
     "12_scale_out": f"run {_g('DDP', 'ddp')}, {_g('FSDP', 'fsdp')}2 and a "
                     f"{_g('1F1B', '1f1b')} pipeline as real processes with checkpointing, and "
                     f"predict each {_g('rank', 'rank')}'s memory",
+    "13_compile_under_a_memory_budget": f"compile a training step with {_g('Inductor', 'inductor')}"
+                                        " under an "
+                                        f"{_g('activation memory budget', 'activation-memory-budget')}"
+                                        ", measure its step peak, step time and compile time "
+                                        "apart, and pick the budget that fits",
+    "14_the_loss_at_large_vocabularies": "find the step peak in the loss of a large "
+                                         "vocabulary, write a "
+                                         f"{_g('chunked cross-entropy', 'chunked-cross-entropy')} "
+                                         "exact to `F.cross_entropy`, and predict how far chunks "
+                                         "cut the peak and what they cost",
 }
 
 # The paths through the course: (name, lessons, who it is for). Every lesson is on one path.
@@ -259,11 +271,15 @@ PATHS = [
      "and what it costs"),
     ("The practitioner's lessons", ["06_optimal_schedules", "07_combining_techniques",
                                     "08_capacity_and_oom", "10_your_own_model",
-                                    "11_checkpointing_in_your_stack"],
+                                    "11_checkpointing_in_your_stack",
+                                    "13_compile_under_a_memory_budget"],
      "after the core, to make your own training fit. Plan, combine, size, apply, and the "
      "switches of the tools you use"),
     ("Optional: checking the claims", ["09_checking_the_claims"],
      "after lessons 3 and 4, for the critical reader. The source articles' numbers, measured"),
+    ("Optional: large vocabularies", ["14_the_loss_at_large_vocabularies"],
+     "after lesson 5, when your model's vocabulary is large (32K words and more). The loss "
+     "and its chunks"),
     ("Optional: scale-out", ["12_scale_out"],
      "after lesson 7, when you train on several devices. "
      f"{_g('DDP', 'ddp')}, {_g('FSDP', 'fsdp')} and {_g('pipeline stages', 'pipeline-stage')}"),

@@ -60,9 +60,18 @@ def _text(output) -> str:
     return text
 
 
+_NAV_LINE = re.compile(r"^\s*[-*] (\d\d: )?\[[^\]]*\]\([^)\s]*\)\s*$")
+
+
+def prose_words(markdown: str) -> int:
+    """Words of prose in a Markdown cell; a list item that is only a link (the tour's list of
+    lessons) is navigation, not prose to read, and counts none."""
+    return sum(len(line.split()) for line in markdown.splitlines() if not _NAV_LINE.match(line))
+
+
 def shape(nb) -> Shape:
     """Count figures, prose words, text lines and the closing sections of an executed notebook."""
-    words = [len(c.source.split()) for c in nb.cells if c.cell_type == "markdown"]
+    words = [prose_words(c.source) for c in nb.cells if c.cell_type == "markdown"]
     outputs = [o for c in nb.cells for o in c.get("outputs", [])]
     figures = sum(any(m in o.get("data", {}) for m in FIGURE_MIMES) for o in outputs)
     lines = sum(len(_text(o).splitlines()) for o in outputs)

@@ -13,12 +13,31 @@ from pathlib import Path
 from ckpt_lab.lessons.units import fmt_bytes
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu"
+CPU_RESULTS = RESULTS.parent          # `make bench`'s runs, committed from a CPU machine
 
 
 def gpu_result(name: str) -> dict | None:
     """The committed GPU run ``benchmarks/results/gpu/<name>.json``, or None where it is absent."""
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def cpu_result(name: str) -> dict | None:
+    """The committed CPU run ``benchmarks/results/<name>.json`` (`make bench`), or None."""
+    path = CPU_RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def machine_label(run: dict) -> str:
+    """How a figure names the machine of a committed run: "AMD EPYC, 2 cores (committed run)"
+    from its ``machine`` field, the GPU's last word for a GPU run ("H200 (committed run)"), the
+    ``device`` field for a run written before the machine was recorded."""
+    machine = run.get("machine") or {}
+    if machine.get("gpu") or not machine:
+        name = (machine.get("gpu") or run.get("device") or "GPU").split()[-1]
+    else:
+        name = f"{machine['cpu']}, {machine['cores']} cores"
+    return f"{name} (committed run)"
 
 
 def full_recompute_ratios(run: dict) -> dict[str, float]:
@@ -116,13 +135,19 @@ def throughput() -> dict | None:
     return found if found and found.get("cases") else None
 
 
-def throughput_panels(run: dict | None = None) -> dict | None:
+def cpu_throughput() -> dict | None:
+    """The committed CPU run of `benchmarks.bench_throughput` (throughput.json), or None."""
+    found = cpu_result("throughput")
+    return found if found and found.get("cases") and found.get("device") == "cpu" else None
+
+
+def throughput_panels(run: dict | None = None, model: str | None = None) -> dict | None:
     """The committed throughput run as `plots.throughput_panels` takes it: one panel per model
-    and budget, titled "H200 (committed run), <model>, <budget> budget", holding (budget bytes,
-    rows); None without a committed run."""
+    (only ``model`` where given) and budget, titled "<machine_label>, <model>, <budget> budget",
+    holding (budget bytes, rows); None without a run (by default the committed GPU run)."""
     run = run if run is not None else throughput()
     if run is None:
         return None
-    where = f"{run['device'].split()[-1]} (committed run)"
-    return {f"{where}, {case['model']}, {case['budget']} budget": (case["budget_bytes"], case["rows"])
-            for case in run["cases"]}
+    where = machine_label(run)
+    return {f"{where}, {c['model']}, {c['budget']} budget": (c["budget_bytes"], c["rows"])
+            for c in run["cases"] if model in (None, c["model"])}

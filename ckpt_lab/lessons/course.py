@@ -40,7 +40,9 @@ LESSONS = {
     "09_checking_the_claims": "Do the two source articles hold up under measurement?",
     "10_your_own_model": "How much would checkpointing save your model, and can you trust the plan?",
     "11_checkpointing_in_your_stack": "Which switch checkpoints your model, at what cost?",
-    "12_scale_out": "With N GPUs, which memory shrinks, and does checkpointing still pay?",
+    "12_scale_out": "With D GPUs, which memory shrinks, and does checkpointing still pay?",
+    "13_compile_under_a_memory_budget": "Under torch.compile, what does a memory budget buy, and what does it cost?",
+    "14_the_loss_at_large_vocabularies": "At a large vocabulary, what holds the step peak, and how far can chunking the loss cut it?",
 }
 
 # ---------------------------------------------------------------------------------- links
@@ -77,9 +79,8 @@ def badges_markdown(name: str) -> str:
 
 
 def lesson_links_markdown() -> str:
-    """A Markdown list linking every lesson (relative links, plus Colab)."""
-    return "\n".join(f"- [{title}]({name}.ipynb) ([Colab]({colab_url(name)}))"
-                     for name, title in LESSONS.items())
+    """A Markdown list linking every lesson, numbered (each lesson carries its own Colab badge)."""
+    return "\n".join(f"- {name[:2]}: [{title}]({name}.ipynb)" for name, title in LESSONS.items())
 
 
 def install_spec(version: str | None = None) -> str:

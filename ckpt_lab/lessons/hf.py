@@ -14,13 +14,16 @@ the models and the situations and measures a training step:
   applied by hand the way older training code did (the model's own switch and
   `checkpoint_modules` both refuse the combination, so it cannot be shown through them).
 * `add_lora`: freeze every weight and add low-rank adapters, the situation in which a
-  reentrant checkpoint loses gradients.
+  reentrant checkpoint loses gradients; `lora_llama` builds that model with ``peft``'s LoRA
+  where ``peft`` is installed (the lesson types ``get_peft_model`` in its own cell), with
+  `add_lora`'s hand-written adapters where it is not.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -82,6 +85,14 @@ def blocks(model: nn.Module) -> nn.ModuleList:
     if best is None:
         raise ValueError(f"{type(model).__name__} has no ModuleList of repeated layers")
     return best
+
+
+def layer_names(model: nn.Module, every: int = 1) -> list[str]:
+    """Qualified names of every `every`-th decoder layer (0, k, 2k, ...), as
+    ``named_modules`` gives them: what `ckpt_lab.plan.module_planner.profile_modules` prices."""
+    layers = blocks(model)
+    prefix = next(name for name, m in model.named_modules() if m is layers)
+    return [f"{prefix}.{i}" for i in range(0, len(layers), every)]
 
 
 def block_class(model: nn.Module) -> type:
@@ -224,6 +235,53 @@ def add_lora(model, targets=("q_proj", "v_proj"), rank: int = 4, seed: int = 0) 
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
+def has_peft() -> bool:
+    """Whether Hugging Face ``peft`` can be imported here."""
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def lora_llama(layers: int = 6, rank: int = 4, seed: int = 0, device=None,
+               use_peft: bool | None = None) -> nn.Module:
+    """A tiny Llama with LoRA adapters (A and B) on q_proj and v_proj, everything else frozen:
+    ``peft``'s when it is installed (or ``use_peft=True``), else `add_lora`'s. Both adapters start
+    random (``init_lora_weights=False``: peft would start B at zero, which gives A a gradient
+    of zero), as after some training steps."""
+    model = tiny_model("llama", layers=layers, device=device)
+    if use_peft if use_peft is not None else has_peft():
+        from peft import LoraConfig, get_peft_model
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"],
+                            init_lora_weights=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return get_peft_model(model, config)
+    add_lora(model, rank=rank, seed=seed)
+    return model
+
+
 def trainable_with_grad(model) -> int:
     """How many trainable parameters got a gradient in the last backward."""
     return sum(1 for p in model.parameters() if p.requires_grad and p.grad is not None)
+
+
+NO_INPUT_GRAD = "None of the inputs have requires_grad=True"   # PyTorch's reentrant warning
+
+
+def checked_step(model, ids, reference: StepResult, exact: bool = True) -> dict:
+    """One `train_step` against a reference step: trainable tensors that got a gradient,
+    whether the loss and gradients equal the reference's, the step peak, the first line of
+    a RuntimeError that stopped the step (else ""), and whether PyTorch warned that no input
+    of a checkpoint requires grad."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            run = train_step(model, ids)
+            out = dict(grads=trainable_with_grad(model), same=same_grads(reference, run, exact),
+                       peak=run.peak_bytes, error="")
+        except RuntimeError as err:
+            out = dict(grads=0, same=False, peak=None, error=str(err).splitlines()[0])
+    out["warned"] = any(NO_INPUT_GRAD in str(w.message) for w in caught)
+    return out

@@ -14,7 +14,7 @@ are two storages, one term); a storage that fits no term raises, so a change in 
 saves shows up instead of being averaged away.
 
 `MEGATRON_TERM` maps each of our terms onto Korthikanti et al.'s (None: not in the paper), and
-`mapping_table` lays the two side by side in bytes per s*b*h.
+`mapping_table` lays the two side by side in bytes per T·B·H (docs/notation.md's letters).
 """
 from __future__ import annotations
 
@@ -41,17 +41,17 @@ MEGATRON_TERM = {
     "ln2 input (residual)": "layernorm 2 input",
     "ln2 mean, rstd": None,
     "fc input (ln2 output)": "MLP up-projection input",
-    "GELU input (4C)": "GeLU input (4h)",
-    "mlp proj input (GELU output, 4C)": "MLP down-projection input (4h)",
+    "GELU input (4H)": "GeLU input (4H)",
+    "mlp proj input (GELU output, 4H)": "MLP down-projection input (4H)",
     "mlp dropout mask": "MLP dropout mask",
 }
 # The terms selective recomputation drops: everything the attention core makes and saves.
 CORE_TERMS = ("causal mask (~mask, bool)", "softmax output", "attention dropout mask",
               "attention dropout output (for @ v)")
-# Megatron's groups: attention 11sbh + 5as^2b, MLP 19sbh, the two layer norms 4sbh.
+# Megatron's groups: attention 11 TBH + 5 n_h T^2 B, MLP 19 TBH, the two layer norms 4 TBH.
 _GROUP = {"layernorm 1 input": "layer norms", "layernorm 2 input": "layer norms",
-          "MLP up-projection input": "MLP", "GeLU input (4h)": "MLP",
-          "MLP down-projection input (4h)": "MLP", "MLP dropout mask": "MLP"}
+          "MLP up-projection input": "MLP", "GeLU input (4H)": "MLP",
+          "MLP down-projection input (4H)": "MLP", "MLP dropout mask": "MLP"}
 
 
 def distinct(saved: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> list:
@@ -97,23 +97,28 @@ def by_term(saved: Iterable[torch.Tensor], terms: dict[str, int],
     return measured
 
 
-def mapping_table(ours: dict[str, int], paper: dict[str, int], sbh: int, as_h: float) -> str:
-    """A Markdown table: each of our terms in bytes per s*b*h next to Megatron's term and group.
+def group_of(term: str) -> str:
+    """Megatron's group of one of the paper's terms: 'attention', 'MLP' or 'layer norms'."""
+    return _GROUP.get(term, "attention")
+
+
+def mapping_table(ours: dict[str, int], paper: dict[str, int], tbh: int, per_head: float) -> str:
+    """A Markdown table: each of our terms in bytes per T·B·H next to Megatron's term and group.
 
     `ours` and `paper` must be at the same dtypes (2-byte activations, 1-byte masks); terms
-    that grow with s^2 are shown as multiples of as/h (a = heads)."""
-    rows = ["| our tensor | bytes / sbh | Megatron's term | its group |", "|---|---|---|---|"]
+    that grow with T^2 are shown as multiples of n_h T / H (`per_head`)."""
+    rows = ["| our tensor | bytes / TBH | Megatron's term | its group |", "|---|---|---|---|"]
     for name, b in ours.items():
         theirs = MEGATRON_TERM[name]
         if name in CORE_TERMS[1:]:
-            size = f"{b / (sbh * as_h):g} · as/h"
+            size = f"{b / (tbh * per_head):g} · n_h T/H"
         else:
-            size = f"{b / sbh:.3g}"
-        group = "" if theirs is None else _GROUP.get(theirs, "attention")
+            size = f"{b / tbh:.3g}"
+        group = "" if theirs is None else group_of(theirs)
         rows.append(f"| {name} | {size} | {theirs or '(not in the paper)'} | {group} |")
-    linear = sum(v for k, v in paper.items() if k not in ATTENTION_CORE_TERMS) / sbh
-    quad = sum(v for k, v in paper.items() if k in ATTENTION_CORE_TERMS) / (sbh * as_h)
-    rows.append(f"| **Megatron, in all** | **{linear:g} + {quad:g} · as/h** | | |")
+    linear = sum(v for k, v in paper.items() if k not in ATTENTION_CORE_TERMS) / tbh
+    quad = sum(v for k, v in paper.items() if k in ATTENTION_CORE_TERMS) / (tbh * per_head)
+    rows.append(f"| **Megatron, in all** | **{linear:g} + {quad:g} · n_h T/H** | | |")
     return "\n".join(rows)
 
 

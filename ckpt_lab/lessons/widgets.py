@@ -168,7 +168,7 @@ class SegmentsExplorer(Explorer):
                                 logs[segments])
         self._draw(result)
         self.text.value = (
-            f"<b>{layers} layers, {segments} segments</b>: peak measured "
+            f"<b>{layers} layers, {segments} segments</b>: step peak (activations) measured "
             f"{fmt_bytes(result.peak_bytes)}, predicted {fmt_bytes(result.predicted_bytes)} "
             f"(ratio {result.ratio:.3f}); least measured peak at {best} segments, formula's "
             f"optimum {result.predicted_best} (sqrt(L) = {layers ** 0.5:.1f}).")
@@ -181,8 +181,8 @@ class SegmentsExplorer(Explorer):
         ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="tab:gray", label="predicted")
         ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="black", ms=4, label="measured")
         ax.axvline(r.segments, color="gray", ls=":", label=f"chosen: {r.segments}")
-        _label(ax, title=f"Peak memory vs segments ({r.layers} layers)", xlabel="segments",
-               ylabel="peak memory (MiB)")
+        _label(ax, title=f"Step peak (activations) vs segments ({r.layers} layers)",
+               xlabel="segments", ylabel="step peak (MiB)")
         ax = self.ax_time
         ax.clear()
         for phase, color in PHASE_COLORS.items():                 # recompute orange, as everywhere
@@ -207,9 +207,9 @@ class SeqResult:
     seq: int
     measured_bytes: int
     predicted_bytes: int
-    linear_bytes: int        # the sbh terms at our dtypes
-    quadratic_bytes: int     # the a s^2 b (attention core) terms at our dtypes
-    megatron_bytes: int      # Megatron's sbh(34 + 5as/h), 16-bit activations
+    linear_bytes: int        # the T B H terms at our dtypes
+    quadratic_bytes: int     # the n_h T^2 B (attention core) terms at our dtypes
+    megatron_bytes: int      # Megatron's T B H (34 + 5 n_h T / H), 16-bit activations
 
     @property
     def ratio(self) -> float:
@@ -218,7 +218,7 @@ class SeqResult:
 
 
 class SeqExplorer(Explorer):
-    """Activation bytes of one GPT block against sequence length: the s^2 term takes over."""
+    """Activation bytes of one GPT block against sequence length T: the T^2 term takes over."""
 
     def __init__(self, seq=64, batch=4, n_embd=128, n_head=4, max_seq=256, step=16,
                  device=None):
@@ -263,7 +263,7 @@ class SeqExplorer(Explorer):
         self.text.value = (
             f"<b>seq_len {seq_len}</b>: one block keeps {fmt_bytes(measured)} measured, "
             f"{fmt_bytes(predicted)} predicted (ratio {result.ratio:.3f}); the attention "
-            f"core's s&sup2; terms are {share:.0%} of it.")
+            f"core's T&sup2; terms are {share:.0%} of it.")
         return result
 
     def _draw(self, r: SeqResult):
@@ -273,10 +273,10 @@ class SeqExplorer(Explorer):
                           self.sliders["seq_len"].step))
         lin = [self.terms(s)[0] / MIB for s in grid]
         quad = [self.terms(s)[1] / MIB for s in grid]
-        # the course's palette: the kept s b h terms blue, the s^2 terms selective
+        # the course's palette: the kept T B H terms blue, the T^2 terms selective
         # recomputation drops in recompute orange (plots.PHASE_COLORS)
-        ax.plot(grid, lin, "-", color="tab:blue", label="predicted: linear (s b h) terms")
-        ax.plot(grid, quad, "-", color="tab:orange", label="predicted: attention (a s² b) terms")
+        ax.plot(grid, lin, "-", color="tab:blue", label="predicted: linear (T B H) terms")
+        ax.plot(grid, quad, "-", color="tab:orange", label="predicted: attention (n_h T² B) terms")
         ax.plot(grid, [a + b for a, b in zip(lin, quad)], "-", color="k", lw=1,
                 label="predicted: total")
         pts = sorted(self.measured.items())
@@ -284,7 +284,7 @@ class SeqExplorer(Explorer):
                 label="measured (one block)")
         ax.axvline(r.seq, color="gray", ls=":")
         _label(ax, title="Activation memory of one GPT block vs sequence length",
-               xlabel="sequence length s (tokens)", ylabel="MiB")
+               xlabel="sequence length T (tokens)", ylabel="MiB")
         self.figure.tight_layout()
 
 

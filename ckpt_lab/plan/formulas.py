@@ -309,8 +309,8 @@ def megatron_layer_terms(seq: int, batch: int, hidden: int, heads: int,
         "attention output dropout mask": m * sbh,
         "layernorm 2 input": d * sbh,
         "MLP up-projection input": d * sbh,
-        "GeLU input (4h)": 4 * d * sbh,
-        "MLP down-projection input (4h)": 4 * d * sbh,
+        "GeLU input (4H)": 4 * d * sbh,
+        "MLP down-projection input (4H)": 4 * d * sbh,
         "MLP dropout mask": m * sbh,
     }
 
@@ -724,8 +724,8 @@ def gpt_block_terms(batch: int, seq: int, n_embd: int, n_head: int, dtype_bytes:
         "ln2 input (residual)": NC,
         "ln2 mean, rstd": 2 * N * d,
         "fc input (ln2 output)": NC,
-        "GELU input (4C)": 4 * NC,
-        "mlp proj input (GELU output, 4C)": 4 * NC,
+        "GELU input (4H)": 4 * NC,
+        "mlp proj input (GELU output, 4H)": 4 * NC,
         "mlp dropout mask": NCm if dropout else 0,
     }
     return terms

@@ -1,4 +1,8 @@
-"""Lesson 1's reading of the committed GPU check: either age of its tracker-vs-allocator table."""
+"""Lesson 1's reading of the committed GPU check: either age of its tracker-vs-allocator table.
+Lesson 7's reading of the committed throughput runs: the CPU run `make bench` wrote (it names
+its machine, and is the lesson's own experiment) and a GPU run where there is one."""
+from dataclasses import asdict
+
 import torch
 
 from benchmarks import gpu_check
@@ -44,9 +48,35 @@ def test_lesson_7_reads_a_throughput_run_as_the_figure_takes_it(tmp_path, one_th
     assert (committed.throughput() is not None) == has
     run = bench_throughput.main(out_path=tmp_path / "throughput.json", quick=True)
     panels = committed.throughput_panels(run)
-    assert list(panels) == ["cpu (committed run), gpt-tiny, roomy budget",
-                            "cpu (committed run), gpt-tiny, tight budget"]
+    where = f"{run['machine']['cpu']}, {run['machine']['cores']} cores (committed run)"
+    assert list(panels) == [f"{where}, gpt-tiny, roomy budget", f"{where}, gpt-tiny, tight budget"]
     for (budget, rows), case in zip(panels.values(), run["cases"]):
         assert budget == case["budget_bytes"] and rows == case["rows"]
     fig = plots.throughput_panels(panels)
     assert len(fig.axes) == 2
+
+
+def test_machine_label_names_the_cpu_or_the_gpu():
+    assert committed.machine_label({"device": "NVIDIA H200"}) == "H200 (committed run)"
+    assert committed.machine_label({"device": "cpu", "machine": {
+        "cpu": "AMD EPYC", "cores": 2, "gpu": None}}) == "AMD EPYC, 2 cores (committed run)"
+    assert committed.machine_label({"device": "NVIDIA H200", "machine": {
+        "cpu": "Intel Xeon", "cores": 16, "gpu": "NVIDIA H200"}}) == "H200 (committed run)"
+
+
+def test_the_committed_cpu_throughput_run_is_lesson_7s_experiment():
+    """benchmarks/results/throughput.json (make bench, committed): the machine named, the notes
+    saying how busy it was, and the gpt-cpu cases at lesson 7's CPU sizes and global batch, so
+    the lesson draws it beside the learner's own run of the same experiment."""
+    from ckpt_lab.lessons.exercises import lesson07
+    run = committed.cpu_throughput()
+    assert run is not None, "commit benchmarks/results/throughput.json from make bench"
+    assert {"cpu", "cores", "torch", "load_average_1min"} <= set(run["machine"]) and run["notes"]
+    cases = {c["budget"]: c for c in run["cases"] if c["model"] == "gpt-cpu"}
+    assert set(cases) == {"roomy", "tight"}
+    lesson_cfg = asdict(lesson07._model().config)
+    for case in cases.values():
+        assert case["config"] == lesson_cfg and case["global_batch"] == 16
+        assert all(r["times"] and len(r["times"]) == run["repeats"] for r in case["rows"])
+    assert list(committed.throughput_panels(run, model="gpt-cpu")) == [
+        f"{committed.machine_label(run)}, gpt-cpu, {b} budget" for b in ("roomy", "tight")]

@@ -116,3 +116,43 @@ def test_the_glossary_says_what_flop_counter_mode_counts():
     entry = " ".join(glossary.split("### FLOPs")[1].split("\n#")[0].split())
     assert "only for matrix multiplies, convolutions and attention kernels" in entry
     assert "pointwise ops, norms and softmax cost time but no counted FLOPs" in entry
+
+
+STACKS = {"Hugging Face": "transformers", "PyTorch FSDP2": "torch", "Accelerate": "accelerate",
+          "PyTorch Lightning": "lightning", "PEFT": "peft", "DeepSpeed": "deepspeed",
+          "Megatron-LM": "megatron-core", "torchtune": "torchtune"}
+UNTESTED = {"DeepSpeed", "Megatron-LM", "torchtune"}
+
+
+def test_every_stack_has_its_switch_version_and_status():
+    """One row per stack, the version the recipe card states (for a stack tested here, the
+    one requirements.txt pins), "untested here" exactly where the card says so."""
+    recipes = (ROOT / "docs" / "recipes.md").read_text()
+    pins = dict(l.split("==") for l in (ROOT / "requirements.txt").read_text().splitlines()
+                if l.strip() and not l.startswith("#"))
+    for stack, dist in STACKS.items():
+        cells = [c.strip() for c in _row(stack).split("|")[1:-1]]
+        assert len(cells) == 5 and all(cells), stack
+        version = re.fullmatch(rf"`{dist}==([\d.]+)`", cells[2]).group(1)
+        assert f"`{dist}=={version}`" in recipes, stack
+        if stack in UNTESTED:
+            assert cells[3] == "untested here", stack
+        else:
+            assert cells[3].startswith(("tested here", "FSDP2 route tested here")), stack
+            assert version == pins[dist], stack
+    switches = " ".join(_row(s) for s in STACKS)
+    for name in ("FullyShardedDataParallelPlugin", "activation_checkpointing=True",
+                 "fsdp_activation_checkpointing", "activation_checkpointing_policy",
+                 "ModelParallelStrategy", "partition_activations", "cpu_checkpointing",
+                 "deepspeed.checkpointing.checkpoint", "--recompute-granularity selective",
+                 "`full`", "--recompute-method uniform", "`block`", "--recompute-num-layers",
+                 "enable_activation_checkpointing", "enable_activation_offloading"):
+        assert name in switches, name
+
+
+def test_the_accelerate_row_names_the_dropout_defect_the_tests_measure():
+    row = _row("Accelerate")
+    assert "does not replay the random state" in row
+    assert "with dropout the gradients are wrong" in row
+    assert "test_accelerate_fsdp2_switch_does_not_replay_dropout" in \
+        (ROOT / "tests" / "test_recipes_stacks.py").read_text()

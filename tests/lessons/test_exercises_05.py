@@ -1,6 +1,8 @@
-"""Lesson 5's predictions: each right answer, worked out independently (the formula, a hand
-count, PyTorch's own checkpoint), passes; the usual wrong ones get a hint. And the helper that
-matches saved storages to the formula's terms refuses storages that do not line up."""
+"""Lesson 5's exercises: each prediction's right answer, worked out independently (the formula,
+a hand count, PyTorch's own checkpoint), passes; the usual wrong ones get a hint. The build
+task's judge accepts a right count of a block's bytes and names the term a wrong one misses.
+And the helper that matches saved storages to the formula's terms refuses storages that do not
+line up."""
 import pytest
 import torch
 
@@ -40,9 +42,46 @@ def test_sdpa_core_checkpoint_frees_only_the_logsumexp():
     assert not judge("05.sdpa_selective", 0.3)
 
 
+def block_bytes(B, T, H, n_h):
+    """The worked solution of the build task (notebooks/solutions/05_*)."""
+    e, m = 4, 4
+    return B * T * (H * (16 * e + 2 * m) + n_h * T * (2 * e + m) + 2 * 2 * e) + T * T
+
+
+def test_block_bytes_judge_accepts_the_count_and_runs_it_against_real_blocks(capsys):
+    assert [lesson05.measured_block_bytes(*size) for size in lesson05.BLOCK_SIZES] == [
+        formulas.gpt_block_bytes(B_, T_, H_, n_h, 4, mask_bytes=4)
+        for B_, T_, H_, n_h in lesson05.BLOCK_SIZES]
+    assert exercises.check("05.block_bytes", block_bytes)
+    assert "exact at all 5 sizes" in capsys.readouterr().out
+
+
+def test_block_bytes_judge_names_what_a_wrong_count_misses(capsys):
+    """Megatron's 16-bit count, and fp32 without the three small terms, are plausible and
+    wrong; the hint names the kinds of term that are off, and by how much."""
+    def megatron_16bit(B, T, H, n_h):
+        return T * B * H * (34 + 5 * n_h * T / H)
+
+    def no_small_terms(B, T, H, n_h):
+        return block_bytes(B, T, H, n_h) - 16 * B * T - T * T
+
+    assert not exercises.check("05.block_bytes", megatron_16bit)
+    out = capsys.readouterr().out
+    assert "the T·B·H terms" in out and "-38 bytes" in out and "-7 bytes" in out
+    assert not exercises.check("05.block_bytes", no_small_terms)
+    out = capsys.readouterr().out
+    assert "layer norms' statistics (per token): -16 bytes" in out and "causal mask" in out
+    assert "T·B·H" not in out.split("off in", 1)[1]
+    assert not exercises.check("05.block_bytes", lambda B, T, H, n_h: None)
+    assert "not answered yet" in capsys.readouterr().out
+    assert not exercises.check("05.block_bytes", lambda B, T, H, n_h: 1 / 0)
+    assert "ZeroDivisionError" in capsys.readouterr().out
+
+
 def test_unanswered_and_malformed_never_raise(capsys):
     unanswered_and_malformed(exercises.keys(5), "twice", capsys)
-    assert len(exercises.keys(5)) == 3
+    assert exercises.keys(5) == ["05.seq_doubling", "05.full_peak_cut", "05.sdpa_selective",
+                                 "05.block_bytes"]
 
 
 def _saved(block, x):
@@ -71,22 +110,29 @@ def test_the_mapping_covers_every_term_of_both_formulas():
     assert set(saved_terms.MEGATRON_TERM) == set(ours)
     assert {t for t in saved_terms.MEGATRON_TERM.values() if t} == set(paper)
     table = saved_terms.mapping_table(ours, paper, S * B * H, A * S / H)
-    assert "34 + 5 · as/h" in table and table.count("\n") == len(ours) + 2
+    assert "34 + 5 · n_h T/H" in table and table.count("\n") == len(ours) + 2
 
 
-def test_in_your_code_chunked_loss_is_cross_entropy_with_padding():
-    """The copyable chunked loss is F.cross_entropy's mean, value and gradients, when some
-    targets are padding (-100) and the chunks are unequal: a mean over len(t) would be wrong."""
-    import torch.nn.functional as F
-    space = {}
-    exec(in_your_code("05_transformers_selective"), space)
-    torch.manual_seed(0)
-    h = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
-    W = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
-    t = torch.randint(0, 50, (37,))
-    t[::3] = -100                                               # padding, as a collator marks it
-    got = space["chunked_ce"](h, W, t, chunks=8)
-    want = F.cross_entropy(h @ W.T, t)
-    assert torch.allclose(got, want, rtol=1e-12)
-    for a, b in zip(torch.autograd.grad(got, (h, W)), torch.autograd.grad(want, (h, W))):
-        assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
+def test_in_your_code_frees_every_core_and_keeps_the_gradients():
+    """The copyable wrapper, applied to a GPT's blocks as the block says, frees each block's
+    T x T terms and leaves the gradients bit for bit."""
+    from types import SimpleNamespace
+
+    from ckpt_lab.measure.memory import kept_after_forward
+    from ckpt_lab.training.models import build_model
+
+    config = GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
+    idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    plain, wrapped = build_model(config), build_model(config)
+    exec(in_your_code("05_transformers_selective"),
+         {"model": SimpleNamespace(blocks=list(wrapped.blocks()))})
+    freed = (kept_after_forward(lambda t: plain(t, t), idx)
+             - kept_after_forward(lambda t: wrapped(t, t), idx))
+    terms = formulas.gpt_block_terms(2, 16, 32, 2, 4, mask_bytes=4)
+    assert freed == 2 * sum(terms[t] for t in saved_terms.CORE_TERMS)
+    grads = []
+    for gpt in (plain, wrapped):
+        torch.manual_seed(1)
+        gpt(idx, idx).backward()
+        grads.append([p.grad for p in gpt.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

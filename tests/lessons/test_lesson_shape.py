@@ -89,3 +89,9 @@ def test_links_and_tags_are_not_prose():
                                      "- a bullet\n| a | row |\nOne. Two?")
     assert "glossary.md" not in units[0] and "<b>" not in units[0]
     assert units[1:] == ["- a bullet", "| a | row |", "One.", "Two?"]
+
+
+def test_a_list_of_lesson_links_is_navigation_not_prose():
+    nav = "## The course\n\n- 01: [Where does the memory of a training step go?](01_x.ipynb)\n"
+    assert lesson_shape.prose_words(nav) == 3
+    assert lesson_shape.prose_words("- a [link](x.ipynb) inside a sentence") == 6

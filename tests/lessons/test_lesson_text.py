@@ -83,7 +83,7 @@ def test_the_peak_at_the_loss_stays_asserted(name):
 
 def test_lesson_3_asserts_where_the_peak_falls_and_when_the_tail_is_flat():
     code = "\n".join(_cells("03_how_many_segments", "code"))
-    assert "top.step < spans[0][0]" in code and "max(teeth) < logs[k].peak_bytes" in code
+    assert "top.step < spans[0][0]" in code and "max(teeth) < logs[S].peak_bytes" in code
     assert "boundaries=uneven" in code and "top.step >= spans[0][0]" in code   # a first segment longer than the last
     assert "one-block segments keep what plain keeps" in code and "wide blocks" in code
 

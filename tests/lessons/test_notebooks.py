@@ -266,8 +266,8 @@ def _closing(nb, heading: str) -> str:
 
 @pytest.mark.parametrize("path", COURSE, ids=_name)
 def test_lesson_prose_cells_are_short(path):
-    long = [len(c.source.split()) for c in _read(path).cells
-            if c.cell_type == "markdown" and len(c.source.split()) > lesson_shape.MAX_PROSE_WORDS]
+    words = [lesson_shape.prose_words(c.source) for c in _read(path).cells if c.cell_type == "markdown"]
+    long = [w for w in words if w > lesson_shape.MAX_PROSE_WORDS]
     assert not long, f"prose cells over {lesson_shape.MAX_PROSE_WORDS} words: {long}"
 
 

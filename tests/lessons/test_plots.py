@@ -146,16 +146,20 @@ def test_allocator_timeline_draws_tensor_and_allocator_bytes_and_marks_both_peak
         plots.allocator_timeline({"no allocator": plain})
 
 
-def test_vocab_panels_draw_measured_points_on_predicted_lines_and_the_floor():
-    fig = plots.vocab_panels([256, 1024], [0.1, 0.4], [256, 1024, 4096], [0.1, 0.4, 0.7],
-                             [1, 2, 4], [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
-                             [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
-                             floor_bytes=15 * plots.MIB)
-    share, chunks = fig.axes
+def test_loss_share_draws_measured_points_on_the_predicted_line():
+    fig = plots.loss_share([256, 1024], [0.1, 0.4], [256, 1024, 4096], [0.1, 0.4, 0.7])
+    (share,) = fig.axes
     line, points = share.get_lines()
     assert list(line.get_xdata()) == [256, 1024, 4096] and list(points.get_xdata()) == [256, 1024]
     assert list(points.get_ydata()) == [10, 40] and points.get_linestyle() == "None"
     assert "70% (predicted)" in [t.get_text() for t in share.texts]   # past the measured sizes
+
+
+def test_chunk_peaks_draw_measured_points_on_the_formula_and_the_floor():
+    fig = plots.chunk_peaks([1, 2, 4], [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
+                            [30 * plots.MIB, 20 * plots.MIB, 15 * plots.MIB],
+                            floor_bytes=15 * plots.MIB)
+    (chunks,) = fig.axes
     formula, measured, floor = chunks.get_lines()
     assert to_rgba(measured.get_color()) == to_rgba(plots.PHASE_COLORS["recompute"])
     assert list(measured.get_ydata()) == [30, 20, 15] and list(floor.get_ydata()) == [15, 15]
@@ -175,6 +179,41 @@ def test_throughput_panels_mark_what_does_not_fit_and_colour_by_policy():
     assert to_rgba(points[1].get_color()) == to_rgba(plots.PHASE_COLORS["recompute"])
     assert [t.get_text() for t in a.texts] == ["2 x4", "4 x2", "4 x2"]
     assert len([l for l in b.get_lines() if l.get_marker() == "o"]) == 2
+
+
+def test_throughput_panels_lay_machines_out_in_rows():
+    rows = [dict(policy="none", micro_batch=2, accumulation=4, peak_bytes=plots.MIB,
+                 tokens_per_s=1000)]
+    fig = plots.throughput_panels({name: (2 * plots.MIB, rows) for name in "abc"}, ncols=2)
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(fig.axes) == 4 and [ax.get_title() for ax in shown] == ["a", "b", "c"]
+    assert "step peak (activations)" in shown[0].get_xlabel()
+
+
+def test_technique_bars_stack_the_step_peak_on_the_model_state():
+    measured = {"plain": 10 * plots.MIB, "4 micro-batches": 3 * plots.MIB}
+    fig = plots.technique_bars(measured, {"plain": 9 * plots.MIB}, state_bytes=10 * plots.MIB)
+    ax = fig.axes[0]
+    state, step = ax.containers
+    assert [b.get_height() for b in state] == [10, 10]
+    assert [(b.get_y(), b.get_height()) for b in step] == [(10, 10), (10, 3)]
+    assert [l.get_ydata()[0] for l in ax.get_lines()] == [19]    # the formula, on the state
+    assert [t.get_text() for t in ax.texts] == ["step x1.00\ntotal x1.00",
+                                                "step x0.30\ntotal x0.65"]
+    plain = plots.technique_bars(measured)                       # no state: the step peak alone
+    assert len(plain.axes[0].containers) == 1 and plain.axes[0].texts[1].get_text() == "step x0.30"
+
+
+def test_combination_grid_draws_total_peaks_against_a_total_budget():
+    rows = [dict(policy="none", k=1, precision="fp32", peak=8 * plots.MIB, recompute_share=0),
+            dict(policy="every", k=1, precision="fp32", peak=2 * plots.MIB,
+                 recompute_share=0.2)]
+    fig = plots.combination_grid(rows, 14 * plots.MIB, state_bytes=10 * plots.MIB)
+    ax = fig.axes[0]
+    points = [l for l in ax.get_lines() if l.get_marker() == "o"]
+    assert [p.get_ydata()[0] for p in points] == [18, 12]
+    assert [p.get_markerfacecolor() == "none" for p in points] == [True, False]
+    assert "total peak" in ax.get_ylabel()
 
 
 def test_every_figure_module_is_reachable_as_plots_dot_name():
@@ -254,8 +293,11 @@ def test_tradeoff_points_share_a_point_when_settings_coincide():
 
 def test_segment_plans_and_live_per_op_draw_what_they_are_given():
     fig = plots.segment_plans({"requested": [(1, 3)], "ran": [(1, 2), (2, 3)]}, 4, boundaries=[2])
-    widths = sorted(p.get_width() for p in fig.axes[0].patches)
-    assert widths == [1, 1, 2]
+    bars = [p for p in fig.axes[0].patches if p.get_width() > 0.5]
+    assert sorted(p.get_width() for p in bars) == [1, 1, 2]
+    # neighbouring segments stay apart: every other one hatched, each labelled with its layers
+    assert [bool(p.get_hatch()) for p in bars] == [False, False, True]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["1–2", "1", "2"]
     fig = plots.live_per_op({"A": [plots.MIB, 3 * plots.MIB]}, predicted={"A": 4 * plots.MIB})
     ax = fig.axes[0]
     assert list(ax.get_lines()[0].get_ydata()) == [1, 3] and ax.get_lines()[1].get_ydata()[0] == 4

@@ -81,6 +81,9 @@ def test_gradient_as_bucket_view_keeps_the_gradients_in_the_buckets(ddp, referen
         assert views["grad_bytes"] == views["bucket_bytes"] == 4 * P
         # the state: weights, buckets (the gradients in them), Adam: 16 B/param, not 20
         assert views["param_bytes"] + views["bucket_bytes"] + views["optimizer_bytes"] == 16 * P
+        # the bars count the buckets once: as the gradients' band
+        assert views["grads_in_buckets"] and not plain["grads_in_buckets"]
+        assert sum(list(scale_out.bands(views).values())[:4]) == 16 * P
     assert ddp[0][3]["loss"] == pytest.approx(loss, rel=1e-6)
     for name, g in grads.items():
         torch.testing.assert_close(ddp[0][3]["grads"][name], g, rtol=1e-5, atol=1e-6)
@@ -118,15 +121,17 @@ def test_reentrant_checkpoint_pitfalls_under_ddp(ddp):
         assert len(rows[fixed]["losses"]) == 2
 
 
+FSDP_SETUPS = (scale_out.shard_layers, scale_out.ckpt_lab_then_shard,
+               scale_out.checkpoint_then_shard, scale_out.one_unit, scale_out.shard_then_checkpoint)
+
+
 @pytest.fixture(scope="module")
 def fsdp(batch):
     x, y = batch
-    cases = [("none", "layers"), ("ckpt_lab", "layers"), ("torch", "layers"), ("none", "root"),
-             ("torch", "layers", "shard first")]
     out = distributed.launch(scale_out.several,
-                             [(scale_out.fsdp_step, (CFG, x, y) + c) for c in cases],
+                             [(scale_out.fsdp_step, (CFG, x, y, s)) for s in FSDP_SETUPS],
                              world_size=WORLD, timeout=150)
-    return [dict(zip(cases, rank)) for rank in out]
+    return [{s.__name__: run for s, run in zip(FSDP_SETUPS, rank)} for rank in out]
 
 
 def test_fsdp_matches_one_process_and_shards_the_state(fsdp, reference):
@@ -143,8 +148,9 @@ def test_fsdp_matches_one_process_and_shards_the_state(fsdp, reference):
 def test_fsdp_per_rank_peak_matches_the_formula(fsdp):
     numels = [p.numel() for p in build_model(CFG).parameters()]
     for rank in fsdp:
-        for how, policy in (("none", "none"), ("ckpt_lab", "every"), ("torch", "every")):
-            run = rank[how, "layers"]
+        for how, policy in (("shard_layers", "none"), ("ckpt_lab_then_shard", "every"),
+                            ("checkpoint_then_shard", "every")):
+            run = rank[how]
             largest = max(run["unit_bytes"])
             assert run["gathered_peak_bytes"] == largest        # one unit unsharded at a time
             assert run["probe_peak_bytes"] == run["peak_bytes"]  # the probe saw the peak
@@ -153,20 +159,26 @@ def test_fsdp_per_rank_peak_matches_the_formula(fsdp):
             predicted = pf.per_rank_peak_bytes(state, _act_peak(policy, BATCH // WORLD),
                                                pf.fsdp_unit_extra_bytes(largest))
             assert 0.9 <= (state + run["peak_bytes"]) / predicted <= 1.0, (how, run["at_peak"])
-        assert rank["ckpt_lab", "layers"]["peak_bytes"] == rank["torch", "layers"]["peak_bytes"]
+        assert rank["ckpt_lab_then_shard"]["peak_bytes"] == \
+            rank["checkpoint_then_shard"]["peak_bytes"]
         # checkpointing recomputes inside the unit's backward all-gather: none extra
-        assert rank["ckpt_lab", "layers"]["all_gathers"] == rank["none", "layers"]["all_gathers"]
+        assert rank["ckpt_lab_then_shard"]["all_gathers"] == rank["shard_layers"]["all_gathers"] \
+            == 2 * len(rank["shard_layers"]["unit_bytes"])
+        # one unit per layer of model.layers(), bottom-up; the root holds none of its own
+        model = build_model(CFG)
+        assert rank["shard_layers"]["unit_bytes"] == [
+            4 * sum(p.numel() for p in layer.parameters()) for layer in model.layers()]
         # checkpointing after sharding: the same peak, gathers and loss as before it
-        after = rank["torch", "layers", "shard first"]
+        after = rank["shard_then_checkpoint"]
         for key in ("peak_bytes", "gathered_peak_bytes", "all_gathers", "loss"):
-            assert after[key] == rank["torch", "layers"][key], key
-        root = rank["none", "root"]
+            assert after[key] == rank["checkpoint_then_shard"][key], key
+        root = rank["one_unit"]
         assert root["gathered_peak_bytes"] == 4 * sum(numels)      # one unit: the whole model
-        assert root["unit_bytes"] == [4 * sum(numels)]
-        bands = scale_out.bands(rank["none", "layers"])
+        assert root["unit_bytes"] == [4 * sum(numels)] and root["all_gathers"] == 1
+        bands = scale_out.bands(rank["shard_layers"])
         assert bands["buckets"] == 0
         assert bands["gathered weights"] + bands["activations & buffers"] == \
-            rank["none", "layers"]["peak_bytes"]
+            rank["shard_layers"]["peak_bytes"]
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +190,12 @@ def pipe(batch):
     calls = [(scale_out.pipeline_step, (CFG, x[:BATCH // M] if m == 1 else x,
                                         y[:BATCH // M] if m == 1 else y, m, k, s))
              for m, k, s in cases]
+    # the caller's own orders (GPipe's, written out) through the caller's own loop
+    gpipe = [scale_out.schedule("gpipe", WORLD, r, M) for r in range(WORLD)]
+    calls.append((scale_out.pipeline_step, (CFG, x, y, M), {"orders": gpipe,
+                                                            "run": scale_out.run_stage}))
     out = distributed.launch(scale_out.several, calls, world_size=WORLD, timeout=150)
-    return M, [dict(zip(range(len(cases)), rank)) for rank in out]
+    return M, [dict(zip(range(len(calls)), rank)) for rank in out]
 
 
 def test_pipeline_matches_one_process(pipe, reference):
@@ -194,6 +210,36 @@ def test_pipeline_matches_one_process(pipe, reference):
             for n in names:
                 torch.testing.assert_close(stage[case]["grads"][n], grads[n], rtol=1e-5,
                                            atol=1e-6)
+
+
+def test_a_pipeline_runs_orders_it_is_given_as_it_runs_its_own_schedule(pipe):
+    M, ranks = pipe
+    for stage in ranks:
+        given, own = stage[5], stage[0]                  # GPipe's orders given; GPipe's own
+        for key in ("in_flight", "stash_bytes", "live_bytes", "peak_bytes", "loss"):
+            assert given[key] == own[key], key
+        for name, g in own["grads"].items():
+            assert torch.equal(given["grads"][name], g)
+
+
+@pytest.mark.parametrize("order, match", [
+    ([("F", 0), ("B", 0), ("F", 1)], "runs 3 of the 4 operations"),
+    ([("B", 0), ("F", 0), ("F", 1), ("B", 1)], "comes before"),
+    ([("F", 0), ("F", 0), ("B", 0), ("B", 1)], "runs twice"),
+    ([("F", 0), ("X", 1), ("B", 0), ("B", 1)], "is no operation"),
+    ([("F", 0), ("F", 2), ("B", 0), ("B", 2)], "is no operation")])
+def test_an_order_must_run_every_operation_once_backward_after_forward(order, match):
+    with pytest.raises(ValueError, match=match):
+        scale_out.check_order(order, 2)
+    assert scale_out.check_order(scale_out.schedule("1f1b", 2, 0, 2), 2) == \
+        [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+def test_pipeline_refuses_orders_for_another_number_of_stages(batch):
+    x, y = batch
+    with pytest.raises(distributed.RankError, match="1 stage orders for 2 stages"):
+        distributed.launch(scale_out.pipeline_step, CFG, x, y, 2, "1f1b", (),
+                           [scale_out.schedule("1f1b", 2, 0, 2)], world_size=WORLD, timeout=60)
 
 
 def test_pipeline_stash_and_peaks_match_the_formulas(pipe):
@@ -271,6 +317,6 @@ def test_megatron_tensor_parallel_formula():
     assert pf.megatron_tp_layer_bytes(s, b, h, a, 1) == formulas.megatron_layer_bytes(s, b, h, a)
 
 
-def test_fsdp_step_refuses_an_unknown_order_before_any_work(batch):
-    with pytest.raises(ValueError, match="order must be one of"):
-        scale_out.fsdp_step(CFG, *batch, "torch", "layers", "checkpoint last")
+def test_fsdp_step_refuses_a_set_up_that_is_no_function_before_any_work(batch):
+    with pytest.raises(TypeError, match="prepare must be a function"):
+        scale_out.fsdp_step(CFG, *batch, "torch")

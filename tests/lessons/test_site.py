@@ -33,9 +33,11 @@ GLOSSARY_ANCHORS = [
     "full-recomputation", "selective-recomputation", "selective-activation-checkpointing",
     "early-stop", "reentrant", "non-reentrant", "saved-tensor-hooks", "pareto-front", "offload",
     "flops", "micro-batch", "gradient-accumulation", "global-batch", "mixed-precision",
-    "autocast", "attention-core", "fused-attention", "gqa", "swiglu", "rmsnorm", "rank", "ddp",
+    "autocast", "attention-core", "fused-attention", "logits", "chunked-cross-entropy", "gqa", "swiglu", "rmsnorm", "rank", "ddp",
     "fsdp", "zero", "all-reduce", "reduce-scatter", "all-gather", "pipeline-stage", "bubble",
-    "gpipe", "1f1b", "tensor-parallelism", "sequence-parallelism"]
+    "gpipe", "1f1b", "tensor-parallelism", "sequence-parallelism",
+    "torchcompile", "dynamo", "guard", "graph-break", "aotautograd", "partitioner",
+    "decomposition", "inductor", "kernel-fusion", "activation-memory-budget"]
 
 
 def _png() -> str:

@@ -155,8 +155,8 @@ def test_gpt_block_terms_equal_what_autograd_saves(dtype, B, T, C, a):
     # the same 16 activation elements per token and channel as Megatron's 34 (in 16 bit)
     acts = ["ln1 input (residual)", "qkv input (ln1 output)", "q copy (for q @ k^T)",
             "k^T copy (for q @ k^T)", "v copy (for @ v)", "proj input (contiguous core output)",
-            "ln2 input (residual)", "fc input (ln2 output)", "GELU input (4C)",
-            "mlp proj input (GELU output, 4C)"]
+            "ln2 input (residual)", "fc input (ln2 output)", "GELU input (4H)",
+            "mlp proj input (GELU output, 4H)"]
     assert sum(terms[k] for k in acts) == 16 * B * T * C * d
 
 

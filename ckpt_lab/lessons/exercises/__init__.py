@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from . import (lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07, lesson08,
                lesson09, lesson10, lesson11, lesson12)
+from . import lesson13, lesson14
 from dataclasses import dataclass
 from typing import Any
 
 from .base import Exercise
 
 _LESSONS = (lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07, lesson08,
-            lesson09, lesson10, lesson11, lesson12)
+            lesson09, lesson10, lesson11, lesson12) + (lesson13, lesson14)
 EXERCISES: dict[str, Exercise] = {e.key: e for m in _LESSONS for e in m.EXERCISES}
 
 

@@ -1,8 +1,10 @@
-"""Predictions of lesson 3: the best segment count, where a segmented step peaks, and how
-the best peak grows with depth. Each answer is measured on a chain of MLP blocks (512 tokens,
-width 64), parameter gradients allocated beforehand: with PyTorch's checkpoint_sequential, and
-for the peak's moment with ckpt_lab's, whose `boundaries` make a first segment longer than the
-last (uniform segments never do)."""
+"""Exercises of lesson 3. Predictions: the best segment count, where a segmented step peaks, and
+how the best peak grows with depth, each measured on a chain of MLP blocks (512 tokens, width
+64), parameter gradients allocated beforehand: with PyTorch's checkpoint_sequential, and for the
+peak's moment with ckpt_lab's, whose `boundaries` make a first segment longer than the last
+(uniform segments never do). Build task: the learner's checkpoint_sequential, run against
+PyTorch's (output and gradients bit for bit, FLOPs) and the step peak formula, and the learner's
+sweep of the step peak over S."""
 from __future__ import annotations
 
 import functools
@@ -36,7 +38,7 @@ def chain_logs(layers: int, segments, width: int = 64, tokens: int = 512) -> dic
 
 
 def units(logs: dict, layers: int, width: int = 64, tokens: int = 512) -> dict:
-    """Each peak in units of one block's activations, less the backward's fixed a + w (the
+    """Each peak in units of one block's activations, less the backward's fixed A + G (the
     plain run's peak minus its `layers` kept units)."""
     unit = tokens * width * 4
     extra = logs[1].peak_bytes - layers * unit
@@ -44,7 +46,7 @@ def units(logs: dict, layers: int, width: int = 64, tokens: int = 512) -> dict:
 
 
 def chain_peak_units(layers: int, segments: int) -> float:
-    """Measured: the peak of `layers` blocks in `segments`, in units, less a + w."""
+    """Measured: the peak of `layers` blocks in `segments`, in units, less A + G."""
     return units(chain_logs(layers, (1, segments)), layers)[segments]
 
 
@@ -92,7 +94,7 @@ def peak_moment() -> str:
 
 @functools.lru_cache(maxsize=1)
 def sqrt_growth() -> float:
-    """Measured: best peak of 64 blocks over best peak of 16, in units, less a + w."""
+    """Measured: best peak of 64 blocks over best peak of 16, in units, less A + G."""
     best = {n: formulas.optimal_segment_count(n, 1, 1) for n in (16, 64)}
     return chain_peak_units(64, best[64]) / chain_peak_units(16, best[16])
 
@@ -135,6 +137,165 @@ _growth = near(
          "segments the peak grows like sqrt(L).")
 
 
+# --------------------------------------------------------------------------- the build task
+# The learner writes checkpoint_sequential from checkpoint, and a sweep of the step peak. The
+# judge runs both on a chain of its own: 10 blocks, so most segment counts leave a remainder.
+BUILD_LAYERS, BUILD_WIDTH, BUILD_TOKENS = 10, 32, 64
+NOT_ANSWERED = ("not answered yet (your function raises NotImplementedError or returns None): "
+                "write its body, then run the cell again.")
+
+
+def build_chain(dropout: float = 0.0, layers: int = BUILD_LAYERS, width: int = BUILD_WIDTH,
+                tokens: int = BUILD_TOKENS):
+    """(blocks, x): `layers` MLP blocks with their parameter gradients allocated, and an input."""
+    from ckpt_lab.training.models import MLPBlock
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[MLPBlock(width, dropout) for _ in range(layers)])
+    x = torch.randn(tokens, width, requires_grad=True)
+    for p in blocks.parameters():
+        p.grad = torch.zeros_like(p)                 # model state, made before measuring
+    return blocks, x
+
+
+def torch_checkpoint_sequential(blocks, S: int, x):
+    """PyTorch's checkpoint_sequential with the build task's signature (blocks, S, x)."""
+    from torch.utils.checkpoint import checkpoint_sequential
+    return checkpoint_sequential(blocks, S, x, use_reentrant=False)
+
+
+def formula_peaks(layers: int = BUILD_LAYERS, width: int = BUILD_WIDTH,
+                  tokens: int = BUILD_TOKENS) -> dict:
+    """{S: the lesson's step peak formula} for the build task's chain (A = X = one unit)."""
+    unit, weight_grad = tokens * width * 4, (width * width + width) * 4
+    return {S: formulas.chain_step_peak_bytes(layers, S, unit, weight_grad)
+            for S in range(1, layers + 1)}
+
+
+def _step(run, blocks, S, x, seed: int = 0):
+    """Output, input gradient and parameter gradients of one step of run(blocks, S, x)."""
+    for p in blocks.parameters():
+        p.grad.zero_()
+    x.grad = None
+    torch.manual_seed(seed)
+    out = run(blocks, S, x)
+    if out is None:
+        raise NotImplementedError
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"it returned a {type(out).__name__}, not the chain's output tensor")
+    out.sum().backward()
+    return [out.detach(), x.grad] + [p.grad.clone() for p in blocks.parameters()]
+
+
+def _peak(run, blocks, S, x) -> int:
+    from ckpt_lab.measure.memory import track_memory
+    with track_memory() as log:
+        run(blocks, S, x).sum().backward()
+    return log.peak_bytes
+
+
+def _flops(run, blocks, S, x) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        run(blocks, S, x).sum().backward()
+    return counter.get_total_flops()
+
+
+def _calls(function, *args):
+    """(result, None), or (None, the message) when calling it fails or it is not written yet."""
+    try:
+        result = function(*args)
+    except NotImplementedError:
+        return None, NOT_ANSWERED
+    except Exception as e:                            # the learner's code: say what it raised
+        return None, f"your function raised {type(e).__name__}: {e}"
+    return result, None
+
+
+def _judge_build(answer):
+    """The build task: (my_checkpoint_sequential, peak_sweep), each judged in turn."""
+    if not (isinstance(answer, tuple) and len(answer) == 2 and all(map(callable, answer))):
+        return False, ("Pass both functions themselves: "
+                       "check(key, (my_checkpoint_sequential, peak_sweep)).")
+    ok, message = _judge_checkpoint_sequential(answer[0])
+    if not ok:
+        return False, f"my_checkpoint_sequential: {message}"
+    ok, sweep_message = _judge_peak_sweep(answer[1])
+    if not ok:
+        return False, f"my_checkpoint_sequential ✓; peak_sweep: {sweep_message}"
+    return True, f"{message} {sweep_message}"
+
+
+def _judge_checkpoint_sequential(fn):
+    L = BUILD_LAYERS
+    blocks, x = build_chain(dropout=0.1)             # dropout: the recompute must redraw its masks
+    for S in range(1, L + 1):
+        mine, why = _calls(_step, fn, blocks, S, x)
+        if why:
+            return False, why if why == NOT_ANSWERED else f"S = {S}: {why}"
+        theirs = _step(torch_checkpoint_sequential, blocks, S, x)
+        if not torch.equal(mine[0], theirs[0]):
+            return False, (f"S = {S}: the output differs from PyTorch's. Run every block once, "
+                           "in order: segment j is blocks[j * k:(j + 1) * k] with k = L // S, "
+                           "and the last segment runs the rest.")
+        if not all(torch.equal(a, b) for a, b in zip(mine[1:], theirs[1:])):
+            return False, (f"S = {S}: the output matches but the gradients differ from "
+                           "PyTorch's. The recompute must replay the dropout masks "
+                           "(checkpoint's preserve_rng_state=True, the default) and the input "
+                           "must keep its graph: do not detach it.")
+    blocks, x = build_chain()
+    want = formula_peaks()
+    unit = BUILD_TOKENS * BUILD_WIDTH * 4
+    peaks = {S: _peak(fn, blocks, S, x) for S in range(1, L + 1)}
+    off = {S: (peaks[S] - want[S]) / unit for S in peaks if abs(peaks[S] / want[S] - 1) > 1e-3}
+    if off:
+        S, units = next(iter(off.items()))
+        if units > 0:
+            return False, (f"Step peaks differ from the formula at S = {sorted(off)}: at S = {S} "
+                           f"{units:+.0f} units. Your chain keeps more than it should: wrap "
+                           "every segment but the last in checkpoint(segment, x, "
+                           "use_reentrant=False).")
+        return False, (f"Step peaks differ from the formula at S = {sorted(off)}: at S = {S} "
+                       f"{units:+.0f} units. Segments hold L // S blocks each and the last one "
+                       "the rest: with 10 blocks, S = 4 is 2, 2, 2 and 4 blocks.")
+    for S in range(2, L + 1):
+        mine, theirs = _flops(fn, blocks, S, x), _flops(torch_checkpoint_sequential, blocks, S, x)
+        if mine != theirs:
+            more = "more" if mine > theirs else "less"
+            return False, (f"S = {S}: your step counts {mine:,} FLOPs, PyTorch's {theirs:,}: it "
+                           f"re-runs {more} than PyTorch's. Checkpoint every segment but the "
+                           "last: backward starts with the last segment, so re-running it frees "
+                           "nothing and costs its forward again.")
+    return True, (f"For S = 1 ... {L}: output and gradients equal PyTorch's bit for bit, the "
+                  "same FLOPs, and every step peak on the formula. checkpoint_sequential is "
+                  "this loop.")
+
+
+def _judge_peak_sweep(sweep):
+    blocks, x = build_chain()
+    got, why = _calls(sweep, torch_checkpoint_sequential, blocks, x)
+    if why:
+        return False, why
+    if got is None:
+        return False, NOT_ANSWERED
+    L, want = BUILD_LAYERS, formula_peaks()
+    if not isinstance(got, dict) or set(got) != set(want):
+        keys = sorted(got) if isinstance(got, dict) else type(got).__name__
+        return False, (f"Return a dict {{S: step peak in bytes}} for every S from 1 to L = "
+                       f"len(blocks) = {L}; got {keys}.")
+    off = sorted(S for S in want if not isinstance(got[S], (int, float))
+                 or abs(got[S] / want[S] - 1) > 1e-3)
+    if not off:
+        return True, (f"Your sweep: {L} step peaks, each on the formula (S - 1) X + the last "
+                      "segment's blocks x A + A + G.")
+    S = off[0]
+    if isinstance(got[S], (int, float)) and got[S] < want[S]:
+        return False, (f"S = {S}: {got[S]:,} bytes, below the formula's {want[S]:,}. The step "
+                       "peak comes in backward: run run(blocks, S, x).sum().backward() inside "
+                       "`with track_memory() as log:` and read log.peak_bytes.")
+    return False, (f"S = {S}: {got[S]!r}, the formula says {want[S]:,} bytes. Measure one step "
+                   "per S, each in its own track_memory block, and read log.peak_bytes.")
+
+
 EXERCISES = [
     Exercise("03.best_segments", "16 blocks Linear -> ReLU with checkpoint_sequential: which "
              "segment count S (1 to 16) gives the least peak?", _best, expected=best_segments),
@@ -144,6 +305,13 @@ EXERCISES = [
              "'a recompute tooth'.", _moment,
              expected=peak_moment),
     Exercise("03.sqrt_growth", "With the best segment count each time, by what factor does the "
-             "peak (in units of one block's activations, without the backward's a + w) grow "
+             "peak (in units of one block's activations, without the backward's A + G) grow "
              "from 16 to 64 blocks?", _growth, expected=sqrt_growth),
+    Exercise("03.checkpoint_sequential", "Build task: write my_checkpoint_sequential(blocks, S, "
+             "x), which runs an nn.Sequential in S segments of L // S blocks (the last takes the "
+             "rest) and wraps every segment but the last in torch.utils.checkpoint.checkpoint("
+             "segment, x, use_reentrant=False), and peak_sweep(run, blocks, x), which returns "
+             "{S: step peak in bytes} of run(blocks, S, x).sum().backward() for every S from 1 to "
+             "len(blocks), each measured with track_memory. Pass both functions: "
+             "(my_checkpoint_sequential, peak_sweep).", _judge_build),
 ]

@@ -1,11 +1,13 @@
-"""Predictions of lesson 4 (what recomputation costs, in FLOPs and in time).
+"""Exercises of lesson 4 (what recomputation costs, in FLOPs and in time).
 
-Each right answer is measured when it is needed: FLOPs counted by PyTorch's
-`FlopCounterMode` on the lesson's CPU-sized GPT, the GPU time read from the course's
-committed H200 run.
+Predictions: each right answer is measured when it is needed, FLOPs counted by PyTorch's
+`FlopCounterMode` and time measured on the lesson's CPU-sized GPT. Build task: the learner's
+FLOP count of one transformer block, checked against `FlopCounterMode` on a real block at
+several sizes.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -14,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ckpt_lab.training.models import GPTConfig, build_model
 
-from .base import Exercise, _number, near
+from .base import Exercise, _number, near, one_of
 
 # The lesson's CPU sizes (course.sizes picks them on a CPU).
 LAYERS, HIDDEN, HEADS, SEQ, BATCH = 4, 128, 4, 64, 4
@@ -60,19 +62,22 @@ def _full_flops(answer):
     value, expected = _number(answer), full_flops_ratio()
     if math.isclose(value, expected, rel_tol=0.04):
         return True, (f"x{expected:.3f}: backward re-runs every block's forward except its MLP "
-                      "down projection. Without dropout the last tensor backward needs from a "
+                      "down projection (the block's last matmul, from the MLP's inner width F "
+                      "back to H). Without dropout the last tensor backward needs from a "
                       "block is that matmul's input, so the recompute stops early, before it. "
                       "With dropout the mask after it must be redrawn: a little under 4/3.")
     if value >= 1.45:
-        return False, (f"Measured x{expected:.3f}. Backward re-runs the forward at most once (F), "
-                       "it does not repeat the backward: F + 2F becomes at most F + 2F + F.")
+        return False, (f"Measured x{expected:.3f}. Backward re-runs the forward at most once; "
+                       "it does not repeat the backward: a step of three forwards' FLOPs "
+                       "becomes at most four.")
     if value >= 1.28:
         return False, (f"Measured x{expected:.3f}, less than 4/3: a non-reentrant checkpoint "
                        "stops its recompute early (lesson 2), at the last tensor backward needs. "
-                       "Without dropout that is the down projection's input, so the down "
-                       "projection, a third of the block's weight FLOPs, never re-runs.")
+                       "Without dropout that is the input of the MLP's down projection (its "
+                       "matmul from F back to H), so that matmul, a third of the block's weight "
+                       "FLOPs, never re-runs.")
     return False, (f"Measured x{expected:.3f}. Every block's forward runs again, less what early "
-                   "stop skips (the down projection); backward costs about twice the forward, so "
+                   "stop skips (the MLP's last matmul, its down projection); backward costs about twice the forward, so "
                    "that is most of a third of the step.")
 
 
@@ -94,34 +99,99 @@ _selective_matmuls = near(
          "re-run.")
 
 
-def h200_selective_time() -> float | None:
-    """Selective recomputation's added step time on the committed H200 run, in percent."""
-    from ckpt_lab.lessons import committed
-    found = committed.policies()
-    return None if found is None else 100 * (found["selective"]["time"] - 1)
+# ------------------------------------------------------------------------ time and FLOPs
+CORE_CHOICES = ("larger", "about the same", "smaller")
 
 
-def _selective_time(answer):
-    value = _number(answer)
-    expected = h200_selective_time()
-    if expected is None:
-        return False, "This installation has no committed GPU run to compare with."
-    flops = 100 * (_committed("selective", "FLOPs") - 1)
-    if abs(value - expected) <= 5:
-        return True, (f"+{expected:.1f}% of the time for +{flops:.1f}% of the FLOPs: the mask, "
-                      "softmax and dropout it re-runs count no FLOPs but read and write "
-                      "s x s tensors.")
-    if value < expected:
-        return False, (f"Measured +{expected:.1f}%. FLOPs count only the matmuls; the softmax, "
-                       "mask and dropout the core re-runs cost memory traffic, not FLOPs.")
-    full = 100 * (_committed("every", "time") - 1)
-    return False, (f"Measured +{expected:.1f}%: far less than full recomputation's "
-                   f"+{full:.0f}%; only the attention cores run again.")
+def core_time_over_flop_share(repeats: int = 5) -> float:
+    """Measured: the attention cores' share of a plain step's time (their forward, timed by
+    hooks) over their share of its FLOPs (counted), on the lesson's CPU GPT with dropout."""
+    from ckpt_lab.measure.timing import forward_share
+    model, idx = _gpt()
+    plain = _flops(lambda: model(idx, idx).backward())
+    cores = LAYERS * 4 * BATCH * SEQ ** 2 * HIDDEN          # Q K^T and . V, 2 B T^2 H each
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)          # one thread: on a busy CPU a thread pool blurs the split
+    try:
+        time_share = forward_share(lambda: (model(idx, idx).backward(), model.zero_grad()),
+                                   [b.attn.core for b in model.blocks()], repeats=repeats)
+    finally:
+        torch.set_num_threads(threads)
+    return time_share / (cores / plain)
 
 
-def _committed(policy: str, kind: str) -> float:
-    from ckpt_lab.lessons import committed
-    return committed.policies()[policy][kind]
+@functools.lru_cache(maxsize=1)
+def core_time_share() -> str:
+    """Measured: is the cores' share of the step's time larger than their share of its FLOPs
+    (over 1.25 times), about the same, or smaller (under 0.8 times)?"""
+    ratio = core_time_over_flop_share()
+    return "larger" if ratio > 1.25 else "smaller" if ratio < 0.8 else "about the same"
+
+
+_core_time = one_of(
+    CORE_CHOICES, core_time_share, normalise=lambda a: a.strip().lower(),
+    right="{expected}: FLOPs count only the two matmuls. The scaling, mask, softmax and dropout "
+          "between them count 0 FLOPs, yet each reads and writes a B x n_h x T x T tensor, and "
+          "small matmuls run below the machine's peak rate. Selective recomputation re-runs "
+          "exactly those, so it costs more time than its FLOPs say.",
+    hints={"about the same": "Measured: {expected}. Time follows FLOPs only where matmuls "
+                             "dominate. The core's softmax, mask and dropout count 0 FLOPs but "
+                             "still take time.",
+           "smaller": "Measured: {expected}. FLOPs count the matmuls alone; the core's "
+                      "element-wise work adds time that no FLOP count sees."},
+    wrong="Measured: {expected}.")
+
+
+# ------------------------------------------------------------------- the build task
+# The learner writes the forward FLOPs of one transformer block as a function of its sizes; the
+# judge counts a real Block with FlopCounterMode at several sizes, heads and MLP widths F.
+BUILD_SIZES = ((2, 16, 32, 4, 128), (1, 24, 48, 3, 100), (3, 8, 64, 8, 256), (2, 40, 16, 2, 48))
+NOT_ANSWERED = ("not answered yet (your function raises NotImplementedError or returns None): "
+                "write its body, then run the cell again.")
+
+
+def counted_block_flops(B: int, T: int, H: int, n_h: int, F: int) -> int:
+    """FlopCounterMode's count of one forward of the lesson's transformer Block on B x T x H,
+    with n_h heads and an MLP of inner width F (the GPT's is 4H)."""
+    from torch import nn
+    from ckpt_lab.training.models import Block
+    torch.manual_seed(0)
+    block = Block(GPTConfig(block_size=T, n_layer=1, n_head=n_h, n_embd=H, dropout=0.0))
+    block.mlp.fc, block.mlp.proj = nn.Linear(H, F), nn.Linear(F, H)
+    x = torch.randn(B, T, H)
+    with torch.no_grad():
+        return _flops(lambda: block(x))
+
+
+def _judge_block_flops(fn):
+    if not callable(fn):
+        return False, "Pass your function itself: check(key, block_flops)."
+    for B, T, H, n_h, F in BUILD_SIZES:
+        try:
+            mine = fn(B, T, H, F)
+        except NotImplementedError:
+            return False, NOT_ANSWERED
+        except Exception as e:                        # the learner's code: say what it raised
+            return False, f"block_flops({B}, {T}, {H}, {F}) raised {type(e).__name__}: {e}"
+        if mine is None:
+            return False, NOT_ANSWERED
+        want = counted_block_flops(B, T, H, n_h, F)
+        if mine == want:
+            continue
+        where = (f"At B, T, H, F = {B}, {T}, {H}, {F} ({n_h} heads) FlopCounterMode counts "
+                 f"{want:,}; yours gives {mine:,}.")
+        core, mlp = 4 * B * T ** 2 * H, 4 * B * T * H * F
+        why = {3 * want: "That is a training step (forward and backward); count the forward.",
+               want // 2: "A multiply and an add are 2 FLOPs: an (m x k)(k x n) matmul is 2mkn.",
+               want - core: "The attention core's two matmuls are missing: Q K^T and . V, "
+                            "2 B T^2 H each (n_h heads of T x H/n_h by H/n_h x T).",
+               want - core // 2: "One of the attention core's two matmuls is missing.",
+               want - mlp + 16 * B * T * H * H: "Your MLP is 4H wide: use F, the up projection "
+                                               "is H x F and the down projection F x H."}
+        return False, f"{where} {why.get(mine, 'Count the six matmuls of the picture, 2 FLOPs per multiply-add.')}"
+    return True, ("Six matmuls: 6BTH^2 (Q, K, V), 2BT^2H (Q K^T), 2BT^2H (. V), 2BTH^2 (output), "
+                  "2BTHF (up), 2BTFH (down); equal to FlopCounterMode at every size. The heads "
+                  "cancel: n_h heads of (T x H/n_h)(H/n_h x T) cost 2BT^2H whatever n_h.")
 
 
 EXERCISES = [
@@ -132,7 +202,12 @@ EXERCISES = [
     Exercise("04.selective_matmuls", "Selective recomputation checkpoints each attention core "
              "(Q K^T, mask, softmax, dropout, . V). How many of the core's two matmuls does "
              "backward re-run: 0, 1 or 2?", _selective_matmuls, expected=selective_matmuls),
-    Exercise("04.selective_time", "On the committed H200 run, selective recomputation adds "
-             "a few percent to a step's FLOPs. How much does it add to the step's time, in percent?",
-             _selective_time, expected=h200_selective_time),
+    Exercise("04.core_time_share", "The attention cores (Q K^T, scaling, mask, softmax, dropout, "
+             ". V) do a few percent of a plain step's FLOPs. Is their share of the step's time "
+             "'larger', 'about the same' or 'smaller' than their share of its FLOPs?",
+             _core_time, expected=core_time_share),
+    Exercise("04.block_flops", "Build task: write block_flops(B, T, H, F), the FLOPs of one "
+             "forward of a transformer block (B sequences of T tokens, hidden size H, MLP inner "
+             "width F), counted as FlopCounterMode counts them. Pass the function itself.",
+             _judge_block_flops),
 ]

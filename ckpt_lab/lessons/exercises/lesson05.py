@@ -1,8 +1,10 @@
-"""Predictions of lesson 5 (which activations grow with the sequence, and selective
-recomputation). Each right answer is measured when it is needed, with `track_memory` on the
-lesson's CPU-sized block and GPT."""
+"""Exercises of lesson 5 (which activations grow with the sequence, and selective
+recomputation). Each prediction's right answer is measured when it is needed, with
+`track_memory` on the lesson's CPU-sized block and GPT; the build task (`05.block_bytes`) runs
+the learner's count of a block's kept bytes against `kept_after_forward` of real blocks."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.utils.checkpoint
 from torch import nn
@@ -39,18 +41,18 @@ def _kept(block: nn.Module, seq: int) -> int:
 
 
 def seq_doubling() -> float:
-    """Measured: one block's kept bytes at 2s over those at s (fp32, dropout on)."""
+    """Measured: one block's kept bytes at 2T over those at T (fp32, dropout on)."""
     block = _block()
     return _kept(block, 2 * SEQ) / _kept(block, SEQ)
 
 
 _seq_doubling = near(
     seq_doubling, 0.1,
-    right="x{expected:.2f}: the orange s x s tensors quadruple, the rest double; the longer the "
+    right="x{expected:.2f}: the orange T x T tensors quadruple, the rest double; the longer the "
           "sequence, the nearer x4.",
     low="Measured x{expected:.2f}. The softmax output, its dropout mask and the dropped-out "
-        "probabilities are s x s per head: they quadruple.",
-    high="Measured x{expected:.2f}. Only the s x s tensors quadruple; every tensor of s x h (the "
+        "probabilities are T x T per head: they quadruple.",
+    high="Measured x{expected:.2f}. Only the T x T tensors quadruple; every tensor of T x H (the "
          "matmul inputs, the layer norms' inputs, the MLP's) doubles.")
 
 
@@ -92,21 +94,86 @@ def sdpa_selective_share() -> float:
 
 _sdpa_selective = near(
     sdpa_selective_share, 0.02,
-    right="{expected:.1%}: the fused kernel saves no s x s tensor (it recomputes the scores in "
+    right="{expected:.1%}: the fused kernel saves no T x T tensor (it recomputes the scores in "
           "its own backward), so checkpointing the core frees only its small per-row statistics.",
     low="Measured {expected:.1%}. A fused kernel is selective recomputation built in: it keeps "
-        "Q, K, V and one number per row, no s x s matrix, so there is almost nothing left for a "
+        "Q, K, V and one number per row, no T x T matrix, so there is almost nothing left for a "
         "checkpoint to free.")
 
 
+# The build task's sizes (B, T, H, n_h): the four kinds of term grow differently across them,
+# so a miscount of any one kind shows up and can be named.
+BLOCK_SIZES = ((4, 64, 128, 4), (2, 16, 32, 2), (3, 40, 48, 3), (1, 96, 64, 8), (2, 24, 96, 6))
+# What each kind of term grows with, in the course's letters (docs/notation.md).
+_KINDS = {
+    "the T·B·H terms (per element of a T × B × H tensor)": lambda B, T, H, n_h: T * B * H,
+    "the T × T terms (per head and element of a T × T matrix)": lambda B, T, H, n_h: n_h * T * T * B,
+    "the layer norms' statistics (per token)": lambda B, T, H, n_h: B * T,
+    "the causal mask (per element of one T × T matrix)": lambda B, T, H, n_h: T * T,
+}
+
+
+def measured_block_bytes(B: int, T: int, H: int, n_h: int) -> int:
+    """Measured: bytes one GPT block (dropout on, fp32, on the CPU) keeps after its forward."""
+    torch.manual_seed(0)
+    block = Block(GPTConfig(block_size=T, n_embd=H, n_head=n_h, dropout=0.1))
+    return kept_after_forward(block, torch.randn(B, T, H, requires_grad=True))
+
+
+def _miscounted(rows) -> str:
+    """Which kinds of term a wrong count is off by, and by how many bytes each, when the
+    differences fit the four kinds exactly (least squares over the sizes)."""
+    basis = np.array([[f(*size) for f in _KINDS.values()] for size, _, _ in rows], float)
+    diff = np.array([yours - measured for _, yours, measured in rows], float)
+    coef, *_ = np.linalg.lstsq(basis, diff, rcond=None)
+    if not np.allclose(basis @ np.round(coef), diff):
+        return ""
+    off = [f"{name}: {'+' if c > 0 else ''}{c:g} bytes" for name, c in zip(_KINDS, np.round(coef)) if c]
+    return " Your count is off in " + "; ".join(off) + "."
+
+
+def _block_bytes(answer):
+    if not callable(answer):
+        return False, ("Pass your function itself: exercises.check('05.block_bytes', "
+                       "block_bytes), taking (B, T, H, n_h) and returning bytes.")
+    rows = []
+    for size in BLOCK_SIZES:
+        try:
+            yours = answer(*size)
+        except Exception as e:  # the learner's code: report, do not raise
+            return False, f"block_bytes{size} raised {type(e).__name__}: {e}"
+        if yours is None:
+            return False, ("not answered yet: your block_bytes returns None. Write its body: "
+                           "the table's terms in fp32, and the three small ones.")
+        if isinstance(yours, bool) or not isinstance(yours, (int, float)):
+            return False, f"block_bytes{size} returned {yours!r}; return a number of bytes."
+        rows.append((size, yours, measured_block_bytes(*size)))
+    wrong = [(size, yours, measured) for size, yours, measured in rows if yours != measured]
+    if not wrong:
+        shown = ", ".join(f"{m:,}" for _, _, m in rows)
+        return True, (f"exact at all {len(rows)} sizes ({shown} bytes measured by "
+                      "kept_after_forward): Megatron's terms in fp32, plus the three small ones.")
+    size, yours, measured = wrong[0]
+    return False, (f"block_bytes{size} = {yours:,} where the block keeps {measured:,} bytes "
+                   f"(B, T, H, n_h = {size})." + _miscounted(rows)
+                   + " In fp32 an activation element is 4 bytes, and on a CPU so is a dropout "
+                     "mask's.")
+
+
 EXERCISES = [
-    Exercise("05.seq_doubling", "The lesson's block (h = 128, 4 heads, batch 4, fp32, dropout "
-             "on): double the sequence from 64 to 128 tokens. Its kept bytes grow by what "
-             "factor?", _seq_doubling, expected=seq_doubling),
-    Exercise("05.full_peak_cut", "The lesson's CPU GPT (4 blocks, s = 64): full recomputation "
-             "cuts what the forward keeps by about 90%. What fraction of the step's peak does "
-             "it cut (0 to 1)?", _full_peak_cut, expected=full_peak_cut),
+    Exercise("05.seq_doubling", "The lesson's block (H = 128, n_h = 4 heads, B = 4, fp32, "
+             "dropout on): double the sequence length T from 64 to 128 tokens. Its kept bytes "
+             "grow by what factor?", _seq_doubling, expected=seq_doubling),
+    Exercise("05.full_peak_cut", "The lesson's CPU GPT (4 blocks, T = 64): full recomputation "
+             "cuts what the forward keeps by about 90%. What fraction of the step peak "
+             "(activations, the parameter gradients made in the step included) does it cut "
+             "(0 to 1)?", _full_peak_cut, expected=full_peak_cut),
     Exercise("05.sdpa_selective", "With fused attention (scaled_dot_product_attention, no "
              "dropout), what fraction of a block's kept bytes does checkpointing the attention "
              "core still free (0 to 1)?", _sdpa_selective, expected=sdpa_selective_share),
+    Exercise("05.block_bytes", "Build task: write block_bytes(B, T, H, n_h), the bytes one GPT "
+             "block (ckpt_lab.training.models.Block, dropout on) keeps for backward in fp32 on a CPU, "
+             "where a dropout mask costs 4 bytes per element: Megatron's terms and the three "
+             "small ones. The check compares it with kept_after_forward of blocks of "
+             f"{len(BLOCK_SIZES)} sizes.", _block_bytes),
 ]

@@ -1,13 +1,14 @@
-"""Predictions of lesson 6 (where checkpoints go when the layers are not alike).
+"""Exercises of lesson 6 (where checkpoints go when the layers are not alike).
 
-Each right answer is measured when it is needed, on the lesson's chain at its CPU sizes
-(`conv_net`): a 13-layer convolutional net that works at four scales, each half the image and
-twice the channels of the one before, profiled with `profile_layers`, its forward FLOPs the cost
-of re-running a layer.
+Each prediction's right answer is measured when it is needed, on the lesson's chain at its CPU
+sizes (`conv_net`): a 13-layer convolutional net that works at four scales, each half the image
+and twice the channels of the one before, profiled with `profile_layers`; the planner prices
+re-running a layer by its forward FLOPs (`forward_flops`, passed as ``fwd_cost``). The build
+task (`06.bisected`) runs the learner's recursive bisection, written with
+`torch.utils.checkpoint`, against `checkpoint_recursive` on chains of `MLPBlock`s.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -16,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ckpt_lab.lessons.units import MIB
 
-from .base import Exercise, _name_set, near
+from .base import Exercise, _name_set, near, one_of
 
 # Exercise 06.which_fit: three plans for the CPU-sized net and a budget for their step peak.
 FIT_PLANS = {"A": [0, 2, 4, 6, 8, 10], "B": [0, 1, 3], "C": [0, 2, 4]}
@@ -57,42 +58,65 @@ def conv_net(channels: int = 8, per_scale: int = 3, batch: int = 8, image: int =
              device: str = "cpu"):
     """The lesson's chain, its input and its profile: `per_scale` conv layers at each of four
     scales (each halves the image and doubles the channels), then a pooled linear head,
-    profiled by `profile_layers`. The planner prices re-running a layer by the profile's
-    `forward_seconds`; that field holds the layer's forward FLOPs here (`forward_flops`),
-    since per-layer timings jitter on a shared CPU. Built once per size: the lesson and the checks of its
-    predictions share it (`widgets.measure_plan_peak` leaves it as it found it)."""
+    profiled by `profile_layers`. The lesson prices re-running a layer by its forward FLOPs
+    (`forward_flops`, given to the planner as ``fwd_cost``), not by the profile's measured
+    `forward_seconds`: timings of layers this small jitter on a shared CPU. Built once per
+    size: the lesson and the checks of its exercises share it (`widgets.measure_plan_peak`
+    leaves it as it found it)."""
     from ckpt_lab.plan.profile import profile_layers
     layers, x = _conv_net(channels, per_scale, batch, image, torch.device(device))
-    profile = [dataclasses.replace(p, forward_seconds=f)   # FLOPs in the planner's cost field
-               for p, f in zip(profile_layers(layers, x, repeats=1), forward_flops(layers, x))]
-    return layers, x, profile
+    return layers, x, profile_layers(layers, x, repeats=1)
 
 
-def planner_saving() -> float:
-    """On the CPU-sized net: the most recompute the planner saves against uniform segments
-    (S = 1..8 segments) within the uniform plan's step peak (the step model, which the lesson checks
-    against the measured peak of every plan), as a fraction."""
+@functools.lru_cache(maxsize=4)
+def conv_flops(channels: int = 8, per_scale: int = 3, batch: int = 8, image: int = 32,
+               device: str = "cpu") -> tuple:
+    """Each layer's forward FLOPs of `conv_net` at these sizes: the planner's ``fwd_cost``."""
+    layers, x, _ = conv_net(channels, per_scale, batch, image, device)
+    return tuple(forward_flops(layers, x))
+
+
+def last_segments() -> list[tuple[int, int]]:
+    """On the CPU-sized net, for uniform segments S = 2..8: (layers in the uniform plan's last
+    segment, layers in the last segment of the planner's cheapest plan within the uniform
+    plan's step peak), both on the step model, recompute priced in forward FLOPs."""
     from ckpt_lab import planner
     layers, x, profile = conv_net()
-    saved = []
-    for k in range(1, 9):
-        uniform = planner.evaluate_plan(planner.uniform_plan(len(layers), k), profile)
-        if uniform.recompute_cost:
-            best = planner.optimal_segments(profile, uniform.peak_bytes)
-            saved.append(1 - best.recompute_cost / uniform.recompute_cost)
-    return max(saved)
+    flops, n, out = list(conv_flops()), len(layers), []
+    for segments in range(2, 9):
+        uniform = planner.evaluate_plan(planner.uniform_plan(n, segments), profile,
+                                        fwd_cost=flops)
+        best = planner.optimal_segments(profile, fwd_cost=flops, budget_bytes=uniform.peak_bytes)
+        out.append((n - uniform.boundaries[-1], n - best.boundaries[-1]))
+    return out
 
 
-_planner_saving = near(
-    planner_saving, 0.1,
-    right="{expected:.0%} less, at best: the planner cuts the big first scale finely, where an "
-          "input is cheap to keep and quick to re-run, and leaves the small last scales in one "
-          "long last segment, which is never re-run.",
-    low="Measured: up to {expected:.0%} less. Uniform segments cannot tell a boundary in the big "
-        "first scale from one in the small last scale; the planner keeps the last segment as "
-        "long as memory allows.",
-    high="Measured: up to {expected:.0%} less. At the same peak something must still be re-run: "
-         "every layer before the last segment's start.")
+def last_segment() -> str:
+    """Measured answer of 06.last_segment: the planner's last segment against the uniform
+    plan's, at every S ("longer", "equal", "shorter"; "mixed" when it varies)."""
+    words = {("longer" if b > u else "equal" if b == u else "shorter") for u, b in last_segments()}
+    return words.pop() if len(words) == 1 else "mixed"
+
+
+def _last_facts() -> dict:
+    pairs = last_segments()
+    return {"pairs": ", ".join(f"{u} -> {b}" for u, b in pairs)}
+
+
+_last_segment = one_of(
+    ("longer", "equal", "shorter"), last_segment,
+    right="Longer at every S (layers in the last segment, uniform -> planner: {pairs}). The "
+          "last segment is never re-run, so a plan re-runs every forward before it; the small "
+          "last scales keep little, so the planner lets one long last segment hold them and "
+          "spends its checkpoints in the big first scale.",
+    wrong="Not quite: longer at every S (uniform -> planner: {pairs}).",
+    hints={"equal": "Measured: longer at every S (uniform -> planner: {pairs}). The planner is "
+                    "free to move the last boundary: every layer before it is re-run, so it "
+                    "moves it as early as the budget allows.",
+           "shorter": "Measured: longer at every S (uniform -> planner: {pairs}). A shorter last "
+                      "segment would re-run more: every forward before the last segment's start "
+                      "runs twice. The last scales keep little, so a long last segment fits."},
+    normalise=lambda a: a.strip().lower(), facts=_last_facts)
 
 
 def fit_question() -> dict:
@@ -101,8 +125,7 @@ def fit_question() -> dict:
     _, _, profile = conv_net()
     act = [p.act_bytes for p in profile]
     out = [p.out_bytes for p in profile]
-    cost = [p.forward_seconds for p in profile]
-    return {name: planner.evaluate_plan(plan, act, out, cost).peak_bytes
+    return {name: planner.evaluate_plan(plan, act, out, list(conv_flops())).peak_bytes
             for name, plan in FIT_PLANS.items()}
 
 
@@ -173,18 +196,96 @@ _bisection_growth = near(
          "keeps one input per level of recursion, and doubling adds one level.")
 
 
+class _Run(nn.Module):
+    """A chain run by a function of (layers, x): the learner's bisection, or the library's."""
+
+    def __init__(self, chain, run):
+        super().__init__()
+        self.chain, self.run = chain, run
+
+    def forward(self, t):
+        return self.run(list(self.chain), t)
+
+
+def _bisection_run(chain, run, x):
+    """(step peak, layer forwards, gradients) of one step of `run` over `chain` on `x`."""
+    from ckpt_lab.lessons.widgets import measure_plan_peak
+    calls = []
+    hooks = [m.register_forward_pre_hook(lambda *_: calls.append(1)) for m in chain]
+    try:
+        peak = measure_plan_peak([_Run(chain, run)], x, [0])
+    finally:
+        for h in hooks:
+            h.remove()
+    chain.zero_grad(set_to_none=True)
+    xs = x.detach().requires_grad_(True)
+    run(list(chain), xs).float().sum().backward()
+    return peak, len(calls), [p.grad for p in chain.parameters()] + [xs.grad]
+
+
+BISECT_CHECK_DEPTHS = (4, 7, 16)
+
+
+def _bisected(answer):
+    from ckpt_lab import checkpoint_recursive
+    from ckpt_lab.training.models import MLPBlock
+    if not callable(answer):
+        return False, ("Pass your function itself: exercises.check('06.bisected', bisected), "
+                       "taking (layers, x) and returning the chain's output.")
+    x = torch.randn(64, 32)
+    for depth in BISECT_CHECK_DEPTHS:
+        torch.manual_seed(0)
+        chain = nn.Sequential(*[MLPBlock(32) for _ in range(depth)])
+        library = _bisection_run(chain, lambda layers, t: checkpoint_recursive(
+            nn.Sequential(*layers), t), x)
+        try:
+            out = answer(list(chain), x.detach().requires_grad_(True))
+            if out is None:
+                return False, ("not answered yet: your bisected returns None. Write its body: "
+                               "one layer runs plainly; otherwise checkpoint the bisected first "
+                               "half, then bisect the second.")
+            yours = _bisection_run(chain, answer, x)
+        except Exception as e:  # the learner's code: report, do not raise
+            return False, f"bisected on {depth} layers raised {type(e).__name__}: {e}"
+        plain = _bisection_run(chain, lambda layers, t: nn.Sequential(*layers)(t), x)
+        if not all(a is not None and torch.equal(a, b) for a, b in zip(yours[2], plain[2])):
+            return False, (f"{depth} layers: the gradients differ from a plain run's. Return "
+                           "the last layer's output, and run every layer once in the forward.")
+        (peak, forwards, _), (want_peak, want_forwards, _) = yours, library
+        if peak >= plain[0]:
+            return False, (f"{depth} layers: the step peak is a plain run's ({peak:,} bytes): "
+                           "no checkpoint took effect. Run the first half inside "
+                           "torch.utils.checkpoint.checkpoint(..., use_reentrant=False).")
+        if forwards != want_forwards:
+            return False, (f"{depth} layers: {forwards} layer forwards where bisection runs "
+                           f"{want_forwards} ({depth} + formulas.bisection_cost's re-runs). "
+                           "Each half is bisected once: the first inside its checkpoint, the "
+                           "second after it, and a single layer runs plainly.")
+        if peak != want_peak:
+            return False, (f"{depth} layers: step peak {peak:,} bytes where checkpoint_recursive "
+                           f"measures {want_peak:,}. Bisect the first half inside its checkpoint "
+                           "too, not only the second half.")
+    return True, (f"gradients bit for bit, and the step peak and layer forwards of "
+                  f"checkpoint_recursive at {', '.join(map(str, BISECT_CHECK_DEPTHS))} layers.")
+
+
 EXERCISES = [
-    Exercise("06.planner_saving", "The lesson's 13-layer net at its CPU sizes: at the step peak "
-             "uniform segments (S = 1..8 segments) measure, the planner's cheapest plan re-runs what "
-             "fraction fewer forward FLOPs, at best (0 to 1)?", _planner_saving,
-             expected=planner_saving),
+    Exercise("06.last_segment", "The lesson's 13-layer net at its CPU sizes: within the step "
+             "peak of uniform segments (S = 2..8), is the last segment (never re-run) of the "
+             "planner's cheapest plan 'longer', 'equal' or 'shorter' than the uniform plan's?",
+             _last_segment, expected=last_segment),
     Exercise("06.which_fit", "The 13-layer net at its CPU sizes, plans "
              + ", ".join(f"{n} = {p}" for n, p in FIT_PLANS.items())
-             + f": the activation model (kept inputs + last segment, without backward's a + w: "
+             + f": the activation model (kept inputs + last segment, without backward's A + G: "
              f"formulas.segmented_peak_bytes) puts all three under a {FIT_BUDGET / MIB:.2f} MiB "
              "budget. Which fit when one training step is measured? Give a set of names.",
              _which_fit, expected=which_fit),
     Exercise("06.bisection_growth", "Recursive bisection of identical MLPBlocks: doubling the "
              "depth from 16 to 32 blocks raises the step peak by how many units (one block's "
              "activation)?", _bisection_growth, expected=bisection_growth),
+    Exercise("06.bisected", "Build task: write bisected(layers, x), recursive bisection with "
+             "torch.utils.checkpoint: the first half of the layers checkpointed (and bisected "
+             "inside), then the second half bisected; one layer runs plainly. The check compares "
+             "gradients with a plain run and the step peak and layer forwards with "
+             "checkpoint_recursive.", _bisected),
 ]

@@ -1,8 +1,11 @@
-"""Predictions of lesson 7 (combining checkpointing, accumulation, bf16 and offload).
+"""Exercises of lesson 7 (combining checkpointing, accumulation, bf16 and offload): three
+committed predictions and one build task, a search for the largest micro-batch a budget allows.
 
 Each right answer is measured when it is needed, on the lesson's GPT at its CPU sizes (the
-gpt-cpu shape: 4 blocks, C = 128, 4 heads, T = 64, batch 4, dropout off): peaks with
-`track_memory`, the parameter gradients allocated beforehand; FLOPs with `FlopCounterMode`.
+gpt-cpu shape: 4 blocks, H = 128, 4 heads, T = 64, dropout off): step peaks (activations) with
+`track_memory`, the parameter gradients allocated beforehand; FLOPs with `FlopCounterMode`. The
+build task's judge runs the learner's search against those step peaks, a budget that holds the
+model state too (the total peak), and ckpt_lab's own search (`throughput.largest_micro_batch`).
 """
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ import functools
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab.measure.memory import track_memory
-from ckpt_lab.training.models import build_model, get_config
+from ckpt_lab import build_model, formulas, get_config, track_memory
+from ckpt_lab.training.throughput import largest_micro_batch, micro_batch_sizes, step_peak_bytes
 
 from .base import Exercise, near, one_of
 
@@ -21,10 +24,10 @@ BATCH, SEQ, LAYERS, HIDDEN, HEADS = 4, 64, 4, 128, 4
 ORDER = ("below", "equal", "above")
 
 
-@functools.lru_cache(maxsize=1)
-def _batch():
-    from ckpt_lab.training.data import TextBatches, load_corpus
-    return TextBatches(load_corpus(), BATCH, SEQ).get(0)
+@functools.lru_cache(maxsize=None)
+def _batch(rows: int = BATCH):
+    from ckpt_lab import TextBatches, load_corpus
+    return TextBatches(load_corpus(), rows, SEQ).get(0)
 
 
 def _model(policy: str = "none"):
@@ -43,7 +46,7 @@ def _steps(model, micro_batches: int, precision: str):
 
 
 def step_peak(policy: str = "none", micro_batches: int = 1, precision: str = "fp32") -> int:
-    """Measured peak of one step of the lesson's CPU GPT (parameter gradients allocated)."""
+    """Measured step peak (activations) of a step of the lesson's CPU GPT, gradients allocated."""
     model = _model(policy)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -113,14 +116,136 @@ _bf16_small = one_of(
           "multiplies by: a cost per model, not per row.")
 
 
+# ----------------------------------------------- the build task: the largest micro-batch that fits
+GLOBAL_BATCH = 16              # rows of one optimizer step, as in the lesson's last section
+
+
+@functools.lru_cache(maxsize=1)
+def _search_model():
+    return _model()
+
+
+def model_state() -> int:
+    """Model state of the lesson's GPT trained with AdamW in fp32: weights, gradients and the two
+    moments, 16 bytes a parameter (`formulas.model_state_bytes`; lesson 7 measures it)."""
+    params = sum(p.numel() for p in _search_model().parameters())
+    return formulas.model_state_bytes(params, "fp32", "adam")
+
+
+@functools.lru_cache(maxsize=None)
+def measured_step_peak(policy: str, rows: int) -> int:
+    """Step peak (activations) of one micro-batch of ``rows`` rows under ``policy``, parameter
+    gradients allocated first (`throughput.step_peak_bytes`, one thread: tiny tensors)."""
+    x, y = _batch(GLOBAL_BATCH)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return step_peak_bytes(_search_model(), x[:rows], y[:rows], policy, rows)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def search_cases() -> list[tuple[str, int]]:
+    """(policy, budget) pairs the search is judged on; each budget is a total peak (model state
+    included), set from measured step peaks: 4 rows of no checkpoint fit; 5 to 7 rows fit, which
+    do not divide 16; one row fits; not even one row fits."""
+    state, peak = model_state(), measured_step_peak
+    four, between, one = peak("none", 4), (peak("none", 4) + peak("none", 8)) // 2, peak("none", 1)
+    return [("none", state + four), ("every", state + four), ("none", state + between),
+            ("selective", state + between), ("every", state + one), ("none", state + one - 1)]
+
+
+def expected_micro_batch(policy: str, budget: int) -> int:
+    """ckpt_lab's answer: `throughput.largest_micro_batch` for the room the model state leaves;
+    0 where not even one row fits."""
+    x, y = _batch(GLOBAL_BATCH)
+    room = budget - model_state()
+    if room < 0:
+        return 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return largest_micro_batch(_search_model(), x, y, policy, room) or 0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _one_search(answer, policy: str, budget: int) -> tuple[str | None, int]:
+    """(None, sizes measured) where the learner's search finds ckpt_lab's answer, else (why, 0)."""
+    state, divisors, measured = model_state(), micro_batch_sizes(GLOBAL_BATCH), set()
+
+    def step_peak(rows):
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= GLOBAL_BATCH:
+            raise ValueError(f"step_peak takes a whole number of rows from 1 to {GLOBAL_BATCH}, "
+                             f"got {rows!r}")
+        measured.add(rows)
+        return measured_step_peak(policy, rows)
+
+    where = f"With '{policy}' checkpointing and a budget of {budget:,} bytes"
+    try:
+        got = answer(step_peak, state, GLOBAL_BATCH, budget)
+    except Exception as e:  # the learner's code: report, do not raise
+        return f"{where}, your function raised {type(e).__name__}: {e}", 0
+    if got is None:
+        return ("not answered yet: largest_micro_batch returns None. Write its body (the hint "
+                "above the cell) and return a number of rows, 0 when not even one row fits."), 0
+    if isinstance(got, bool) or not isinstance(got, int):
+        return f"{where}, it returned {got!r}: return a whole number of rows (0: none fits).", 0
+    want = expected_micro_batch(policy, budget)
+    if got == want:
+        return None, len(measured)
+    if got < 0 or got > GLOBAL_BATCH:
+        return f"{where}, it returned {got}: a micro-batch has 0 to {GLOBAL_BATCH} rows.", 0
+    if got and GLOBAL_BATCH % got:
+        return (f"{where}, it returned {got} rows, which do not divide the global batch of "
+                f"{GLOBAL_BATCH}: the step would not split into whole micro-batches. Search the "
+                f"divisors {divisors} only."), 0
+    if got > want:
+        total = state + measured_step_peak(policy, got)
+        if measured_step_peak(policy, got) <= budget:
+            return (f"{where}, {got} rows: their step peak fits the budget, but their total peak "
+                    f"(model state included) is {total:,} bytes, over it. The budget holds the "
+                    "model state too: compare state + step_peak(B) with it."), 0
+        return (f"{where}, {got} rows: their total peak is {total:,} bytes, over the budget; "
+                f"the largest that fits is {want or 'none (0)'}."), 0
+    rows = f"{got} row fits" if got == 1 else f"{got} rows fit"
+    return (f"{where}, {rows}, but so do {want}: the total peak grows with the micro-batch, so "
+            "search from the largest divisor down (or bisect)."), 0
+
+
+def _micro_batch_search(answer):
+    if not callable(answer):
+        return False, ("Pass your function itself: exercises.check('07.micro_batch_search', "
+                       "largest_micro_batch), a function (step_peak, state, global_batch, "
+                       "budget) -> rows.")
+    cases, most = search_cases(), 0
+    for policy, budget in cases:
+        why, sizes = _one_search(answer, policy, budget)
+        if why:
+            return False, why
+        most = max(most, sizes)
+    policies = len({p for p, _ in cases})
+    return True, (f"On {len(cases)} budgets under {policies} checkpoint policies your search "
+                  "agrees with ckpt_lab's throughput.largest_micro_batch, down to 0 where "
+                  f"nothing fits. It measured at most {most} micro-batch sizes in one search; a "
+                  f"bisection over the {len(micro_batch_sizes(GLOBAL_BATCH))} divisors measures "
+                  "at most 3.")
+
+
 EXERCISES = [
-    Exercise("07.autocast_ratio", "The lesson's GPT (gpt-cpu shape, batch 4, T = 64, fp32 "
-             "weights): with bf16 autocast, the step's peak is what multiple of the fp32 step's?",
+    Exercise("07.autocast_ratio", "The lesson's GPT (gpt-cpu shape, B = 4, T = 64, fp32 "
+             "weights): with bf16 autocast, the step peak (activations) is what multiple of the "
+             "fp32 step's?",
              _autocast, expected=autocast_ratio),
     Exercise("07.accumulation_flops", "Splitting a step's batch into 4 micro-batches "
              "(accumulation): FLOPs of the step with accumulation divided by FLOPs without?",
              _accumulation_flops, expected=accumulation_flops_ratio),
     Exercise("07.bf16_small_batch", "The lesson's GPT with every block checkpointed and 4 "
-             "micro-batches of one row: is the bf16-autocast step's peak below, equal to or "
-             "above the fp32 step's?", _bf16_small, expected=bf16_small_batch),
+             "micro-batches of one row: is the bf16-autocast step peak (activations) below, "
+             "equal to or above the fp32 step's?", _bf16_small, expected=bf16_small_batch),
+    Exercise("07.micro_batch_search", "Build task: pass your function largest_micro_batch("
+             "step_peak, state, global_batch, budget), which returns the largest micro-batch B "
+             "(a divisor of global_batch, in rows) whose total peak, state + step_peak(B), is "
+             "within budget, and 0 when not even one row fits. It runs on the lesson's GPT "
+             "under three checkpoint policies and six budgets.", _micro_batch_search),
 ]

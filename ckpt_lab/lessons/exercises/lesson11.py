@@ -1,8 +1,10 @@
 """Exercises of lesson 11: which switch checkpoints the model in your stack.
 
 Three committed predictions, each measured the way the lesson measures it, at the lesson's CPU
-sizes (the Hugging Face models are the same on every device; the attention block is lesson
-11's CPU-size block).
+sizes (the Hugging Face models are the same on every device; the GPT block is lesson 11's
+CPU-size block), and one build task: a context function for PyTorch's selective API that keeps
+every second matmul's output, run through ``torch.utils.checkpoint`` on blocks of two kinds and
+judged on its gradients (bitwise against plain autograd) and on the bytes it keeps.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import warnings
 
 import torch
 
-from .base import Exercise, _number, near
+from .base import Exercise, _number, near, one_of
 
 LAYERS, BATCH, SEQ, VOCAB = 6, 2, 64, 256      # the lesson's tiny Hugging Face models
 
@@ -52,14 +54,15 @@ def _peak_drop(answer):
 
 
 @functools.lru_cache(maxsize=None)
-def trap_adapters_with_grad(layers: int = LAYERS, every: int = 3) -> int:
+def trap_adapters_with_grad(layers: int = LAYERS, every: int = 3,
+                            use_peft: bool | None = None) -> int:
     """Measured: adapter tensors that get a gradient when a tiny Llama with LoRA on q_proj and
-    v_proj (everything else frozen) is checkpointed reentrantly on every `every`-th layer,
-    without enable_input_require_grads."""
+    v_proj (everything else frozen; peft's adapters where peft is installed, unless
+    ``use_peft`` says otherwise) is checkpointed reentrantly on every `every`-th layer, without
+    enable_input_require_grads."""
     from ckpt_lab.lessons import hf
     _quiet_transformers()
-    model = hf.tiny_model("llama", layers=layers)
-    hf.add_lora(model)
+    model = hf.lora_llama(layers, use_peft=use_peft)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True},
                                           every_n_layers=every)
     model.disable_input_require_grads()
@@ -82,51 +85,193 @@ _trap_adapters = near(
          "runs on without an error.")
 
 
-@functools.lru_cache(maxsize=None)
-def core_freed_percent(attn_impl: str = "manual", batch: int = 2, seq: int = 64, hidden: int = 64,
-                       heads: int = 4) -> float:
-    """Measured: % of a GPT block's kept bytes that recomputing only its attention core frees,
-    attention written out ("manual") or fused ("sdpa"), dropout 0, at the lesson's CPU sizes."""
-    from ckpt_lab.lessons import stack
+# ------------------------------------------------------------------- selective checkpointing
+MATMULS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm)
+B, T, H, N_HEAD = 2, 64, 64, 4           # the lesson's CPU-size GPT block
+
+
+def gpt_block(dropout: float = 0.1, seed: int = 0):
+    """Lesson 11's GPT block (attention written out) at its CPU sizes, and an input for it."""
     from ckpt_lab.training.models import Block, GPTConfig
-    torch.manual_seed(0)
-    block = Block(GPTConfig(n_embd=hidden, n_head=heads, block_size=seq, dropout=0.0,
-                            attn_impl=attn_impl))
-    x = torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(1))
-    r = stack.attention_core_saving(block, x)
-    plain = r["plain"].kept_bytes
-    return 100 * (plain - r["attention core recomputed"].kept_bytes) / plain
+    torch.manual_seed(seed)
+    block = Block(GPTConfig(n_embd=H, n_head=N_HEAD, block_size=T, dropout=dropout))
+    return block, torch.randn(B, T, H, generator=torch.Generator().manual_seed(seed + 1))
 
 
-def _manual_core(answer):
-    value, expected = _number(answer), core_freed_percent("manual")
-    sdpa = core_freed_percent("sdpa")
-    if not 0 <= value <= 100:
-        return False, "A percentage of what the block keeps: between 0 and 100."
-    if abs(value - expected) <= 5:
-        return True, (f"{expected:.0f}% measured: written out, the core keeps its T x T softmax "
-                      "output (B x heads x T x T floats) and the causal mask, and recomputing it "
-                      f"frees them, for FLOPs. With SDPA the same recompute frees {sdpa:.1f}%: the "
-                      "fused kernel stores no scores, only one log-sum-exp per row.")
-    if value > expected:
-        return False, (f"Too much: {expected:.0f}% measured. With dropout 0 the core keeps no "
-                       "dropout mask and no dropout output: one T x T softmax output (and the "
-                       "causal mask), beside the block's many B x T x C and B x T x 4C tensors.")
-    return False, (f"Too little: {expected:.0f}% measured. That is fused attention's answer "
-                   f"({sdpa:.1f}% with SDPA); written out, the core stores its T x T softmax "
-                   "output, which at 64 tokens is as large as the MLP's B x T x 4C tensors.")
+def save_matmuls(ctx, op, *args, **kwargs):
+    """The lesson's policy: keep what a matrix multiply produces, recompute everything else."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    return (CheckpointPolicy.MUST_SAVE if op.overloadpacket in MATMULS
+            else CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+@functools.lru_cache(maxsize=None)
+def saved_matmul_share() -> float:
+    """Measured: of the matmul FLOPs a full recompute adds to a step of the lesson's GPT block
+    (dropout 0.1), the share a selective checkpoint with `save_matmuls` adds (FlopCounterMode,
+    which counts matmuls)."""
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from ckpt_lab.lessons import stack
+    block, x = gpt_block()
+    selective = functools.partial(create_selective_checkpoint_contexts, save_matmuls)
+    plain = stack.measure("plain", block, block, x)
+    full = stack.measure("full", lambda t: checkpoint(block, t, use_reentrant=False), block, x)
+    sac = stack.measure("sac", lambda t: checkpoint(block, t, use_reentrant=False,
+                                                    context_fn=selective), block, x)
+    return (sac.flops - plain.flops) / (full.flops - plain.flops)
+
+
+def saved_matmul_choice() -> str:
+    """The measured share as the prediction's choice: 'none', 'half' or 'all'."""
+    share = saved_matmul_share()
+    return "none" if share < 0.1 else "all" if share > 0.9 else "half"
+
+
+_saved_matmuls = one_of(
+    ("none", "half", "all"), saved_matmul_choice,
+    right="None: a policy that keeps every matmul's output never runs a matmul again; the "
+          "recompute re-runs only the pointwise ops (GELU, softmax, layer norm, dropout), which "
+          "FlopCounterMode does not count, though they still take time.",
+    wrong="Not what was measured ({expected}).",
+    hints={"half": "Not half: MUST_SAVE on every mm, addmm and bmm stores each of their outputs, "
+                   "so the recompute takes them from storage and runs no matmul: none.",
+           "all": "Not all: that is full recompute. MUST_SAVE on every matmul stores its output, "
+                  "so the recompute re-runs only the ops between matmuls: no matmul FLOPs."},
+    normalise=str.lower)
+
+
+# -------------------------------------------------------------------- the build task: a policy
+def _mlp_block(seed: int):
+    """Three Linear layers (an odd number of matmuls), GELU between, tanh at the end."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(H, 2 * H), torch.nn.GELU(),
+                               torch.nn.Linear(2 * H, 2 * H), torch.nn.GELU(),
+                               torch.nn.Linear(2 * H, H), torch.nn.Tanh())
+
+
+def _pair(kind: str):
+    """Two blocks of one kind in sequence, and an input: what the judge checkpoints."""
+    if kind == "gpt":
+        (a, x), (b, _) = gpt_block(seed=0), gpt_block(seed=2)
+    else:
+        a, b = _mlp_block(0), _mlp_block(1)
+        x = torch.randn(4 * B, T, H, generator=torch.Generator().manual_seed(3))
+    return torch.nn.Sequential(a, b), x
+
+
+class _MatmulOutputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the bytes of every matmul's output, in call order."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in MATMULS:
+            self.sizes.append(out.numel() * out.element_size())
+        return out
+
+
+def _every_second_bytes(model, x) -> int:
+    """Bytes of the 1st, 3rd, 5th ... matmul output of each block, counted in each apart."""
+    total = 0
+    with torch.no_grad():
+        h = x
+        for block in model:
+            with _MatmulOutputs() as seen:
+                h = block(h)
+            total += sum(seen.sizes[::2])
+    return total
+
+
+def _step(model, x, checkpointed: bool, context_fn=None):
+    """One measured step of the blocks in sequence: plain, or each block checkpointed
+    (non-reentrant), with ``context_fn`` when given."""
+    from torch.utils.checkpoint import checkpoint
+
+    from ckpt_lab.lessons import stack
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+
+    def run(t):
+        for block in model:
+            t = checkpoint(block, t, use_reentrant=False, **extra)
+        return t
+    return stack.measure("step", run if checkpointed else model, model, x)
+
+
+def _every_second_matmul(answer):
+    from ckpt_lab.lessons import stack
+    if not callable(answer):
+        return False, ("Pass your function itself: check('11.every_second_matmul', "
+                       "every_second_matmul). It takes no argument and returns "
+                       "create_selective_checkpoint_contexts(policy).")
+    try:
+        contexts = answer()
+    except NotImplementedError:
+        contexts = None
+    except Exception as e:  # the learner's code: report, do not raise
+        return False, f"Your function raised {type(e).__name__}: {e}"
+    if contexts is None:
+        return False, ("not answered yet: every_second_matmul returns None. Hint: inside it, "
+                       "make a counter (a fresh one for each checkpoint call), write "
+                       "policy(ctx, op, *args, **kwargs) that counts the matmuls "
+                       "(op.overloadpacket in MATMULS) and answers MUST_SAVE on the 1st, 3rd, "
+                       "5th ..., PREFER_RECOMPUTE otherwise, and return "
+                       "create_selective_checkpoint_contexts(policy).")
+    if not (isinstance(contexts, tuple) and len(contexts) == 2):
+        return False, ("Return the pair create_selective_checkpoint_contexts(policy) gives: a "
+                       "forward context and a recompute context.")
+    for kind in ("gpt", "mlp"):
+        model, x = _pair(kind)
+        plain, full = _step(model, x, False), _step(model, x, True)
+        want = full.kept_bytes + _every_second_bytes(model, x)
+        try:
+            yours = _step(model, x, True, answer)
+        except Exception as e:  # a policy that decides differently in the recompute fails here
+            return False, (f"Two {kind.upper()} blocks, each checkpointed: the step raised "
+                           f"{type(e).__name__}: {str(e).splitlines()[0][:160]}. The policy "
+                           "returns CheckpointPolicy.MUST_SAVE or PREFER_RECOMPUTE for every op.")
+        what = f"two {'GPT blocks' if kind == 'gpt' else 'three-layer MLP blocks'}"
+        if not stack.same(plain, yours, exact=True):
+            return False, (f"{what}: the gradients differ from plain autograd's. The policy "
+                           "must only choose what to keep; leave the ops themselves alone.")
+        if yours.kept_bytes != want:
+            more = yours.kept_bytes > want
+            return False, (f"{what}: kept {yours.kept_bytes:,} bytes after the forward, expected "
+                           f"{want:,} (the blocks' inputs plus the 1st, 3rd, 5th ... matmul "
+                           "output of each block). "
+                           + ("You keep too much: every matmul? Alternate, counting from 1."
+                              if more else
+                              "You keep too little: does your count restart in each "
+                              "checkpoint call? torch.utils.checkpoint calls context_fn once "
+                              "per call: create the counter inside every_second_matmul.")
+                           + (" (Three matmuls per block here: an odd count shows a counter "
+                              "carried over.)" if kind == "mlp" else ""))
+    return True, ("both kinds of block, each checkpointed twice in one step: gradients bitwise "
+                  "equal to plain autograd, and the kept bytes are the blocks' inputs plus every "
+                  "second matmul output, to the byte. This is torchtitan's op-level SAC policy: "
+                  "half the matmul outputs kept, half re-run.")
 
 
 EXERCISES = [
     Exercise("11.peak_drop", "A tiny Llama (6 layers, batch 2 x 64 tokens): Hugging Face's own "
-             "switch checkpoints every layer. By what factor does the step's peak fall (plain "
-             "peak / checkpointed peak)?", _peak_drop, peak_drop),
+             "switch checkpoints every layer. By what factor does the step peak (activations) "
+             "fall (plain step peak / checkpointed step peak)?", _peak_drop, peak_drop),
     Exercise("11.trap_adapters", "The same 6-layer Llama with LoRA (A and B) on q_proj and v_proj "
              "of every layer, everything else frozen, checkpointed with use_reentrant=True and "
              "every_n_layers=3, input grads NOT enabled: how many of the 24 adapter tensors get "
              "a gradient?", _trap_adapters, trap_adapters_with_grad),
-    Exercise("11.manual_core", "One GPT block at this lesson's CPU sizes (batch 2, 64 tokens, "
-             "width 64, 4 heads), attention written out (not fused), dropout 0: recomputing "
-             "only its attention core frees what percentage of the bytes the block keeps for "
-             "backward?", _manual_core, core_freed_percent),
+    Exercise("11.saved_matmul_flops", "One GPT block checkpointed with PyTorch's selective API and "
+             "a policy that answers MUST_SAVE for every matmul (mm, addmm, bmm) and "
+             "PREFER_RECOMPUTE for every other op. A full recompute adds a forward's matmul "
+             "FLOPs to the step. How many of those extra matmul FLOPs does the selective step "
+             "pay: 'none', 'half' or 'all'?", _saved_matmuls, saved_matmul_choice),
+    Exercise("11.every_second_matmul", "Build task: write every_second_matmul(), a context_fn "
+             "for torch.utils.checkpoint: a fresh policy per checkpoint call that keeps the 1st, "
+             "3rd, 5th ... matmul output (mm, addmm, bmm) of that call and recomputes everything "
+             "else; it returns create_selective_checkpoint_contexts(policy). It is run through "
+             "torch.utils.checkpoint(..., use_reentrant=False) on two kinds of block.",
+             _every_second_matmul),
 ]

@@ -1,10 +1,13 @@
-"""Exercises of lesson 12: with N GPUs, which memory shrinks, and does checkpointing still pay?
+"""Exercises of lesson 12: with more GPUs, which memory shrinks, and does checkpointing still pay?
 
-Three committed predictions. The bands that halve come from `parallel_formulas` and
-`formulas` (what the lesson measures them against); the DDP configurations that fail are
-run, on one rank of a tiny model (`distributed.launch`, world_size=1: DDP's reducer raises
-the same errors on one rank as on two); the micro-batches a stage holds come from walking the
-schedule `scale_out.pipeline_step` runs.
+Three committed predictions and a build task. The bands that halve come from
+`parallel_formulas` and `formulas` (what the lesson measures them against); the DDP
+configurations that fail are run, on one rank of a tiny model (`distributed.launch`,
+world_size=1: DDP's reducer raises the same errors on one rank as on two); the micro-batches a
+stage holds come from walking the schedule `scale_out.pipeline_step` runs. The build task, the
+1F1B order of a stage, is walked through the pipeline's dependencies for several sizes, then
+run on two real stages, whose measured micro-batches in flight and gradients are compared with
+1F1B's and one process's.
 """
 from __future__ import annotations
 
@@ -43,8 +46,8 @@ def fsdp_halving_bands(world: int = 2, rows: int = 8) -> frozenset:
 def _bands_hints(given: set, expected: set) -> str:
     hints = []
     if "activations" not in given:
-        hints.append("each rank runs B/N of the rows, so its activations are those of half "
-                     "the batch")
+        hints.append("at a fixed global batch each rank runs 1/D of the rows, so its "
+                     "activations are those of half the batch")
     if not {"weights", "gradients", "Adam"} <= given:
         hints.append("FSDP shards the weights, their gradients and Adam's moments alike")
     if "buckets" in given:
@@ -57,9 +60,9 @@ def _bands_hints(given: set, expected: set) -> str:
 _bands = name_set(
     BANDS, fsdp_halving_bands, wrong=_bands_hints, what="bands",
     normalise=lambda name: _BAND_NAMES.get(name.strip().lower(), name),
-    right="weights, gradients and Adam's moments are sharded (16 B/param / 2 per rank), and each "
-          "rank runs half the rows, so its activations halve too. DDP halves only the "
-          "activations.")
+    right="weights, gradients and Adam's moments are sharded (16 B/param / 2 per rank), and at a "
+          "fixed global batch each rank runs half the rows, so its activations halve too. DDP "
+          "halves only the activations.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,7 +130,7 @@ def _stage_in_flight(answer):
         return False, "Give two numbers: (held on stage 0, held on stage 3)."
     expected = first_and_last_stage()
     if (first, last) == expected:
-        return True, (f"{expected}: stage r holds at most p - r micro-batches: stage 0 runs "
+        return True, (f"{expected}: stage i holds at most pp - i micro-batches: stage 0 runs "
                       "forwards until micro-batch 0 has come back through all 4 stages; the "
                       "last stage runs each backward right after its forward. 8 or 80 "
                       "micro-batches: the same.")
@@ -140,6 +143,127 @@ def _stage_in_flight(answer):
                    "a backward, ever holds.")
 
 
+# ---------------------------------------------------------------- build task: the 1F1B order
+# (pp, M) the learner's order is walked for: more and fewer micro-batches than stages, one
+# stage, one micro-batch.
+ORDER_CASES = ((2, 4), (4, 8), (4, 2), (3, 5), (1, 3), (5, 1))
+
+
+def _held(order) -> int:
+    now = most = 0
+    for op, _ in order:
+        now += 1 if op == "F" else -1
+        most = max(most, now)
+    return most
+
+
+def _walk(fn, pp: int, M: int):
+    """(orders by stage, None) for the learner's `fn` at (pp, M), or (None, what is wrong):
+    each order checked, then walked through the pipeline's dependencies."""
+    from ckpt_lab.lessons import plots, scale_out
+    try:
+        orders = {i: fn(pp, i, M) for i in range(pp)}
+    except Exception as e:  # noqa: BLE001 -- the learner's code: report, do not raise
+        return None, f"one_f_one_b({pp}, i, {M}) raised {type(e).__name__}: {e}"
+    if any(o is None for o in orders.values()):
+        return None, None
+    try:
+        orders = {i: scale_out.check_order(o, M) for i, o in orders.items()}
+    except Exception as e:  # noqa: BLE001 -- a wrong shape of answer: say what
+        return None, f"pp={pp}, M={M}: {e}"
+    for i in range(1, pp):
+        if [j for op, j in orders[i] if op == "F"] != [j for op, j in orders[i - 1] if op == "F"] \
+                or [j for op, j in orders[i] if op == "B"] != \
+                [j for op, j in orders[i - 1] if op == "B"]:
+            return None, (f"pp={pp}, M={M}: stages {i - 1} and {i} run their micro-batches in "
+                          "different orders. Messages between two stages pair up in the order "
+                          "they are sent: every stage runs its forwards, and its backwards, in "
+                          "the same order of j")
+    try:
+        plots.pipeline_times(orders)
+    except ValueError:
+        return None, (f"pp={pp}, M={M}: the stages wait on each other for ever. A stage's F(j) "
+                      "waits for F(j) on the stage before, its B(j) for B(j) on the stage after: "
+                      "some stage runs a backward whose gradient needs a forward that comes "
+                      "after it")
+    return orders, None
+
+
+def _step_time(orders) -> float:
+    from ckpt_lab.lessons import plots
+    return max(ops[-1][3] for ops in plots.pipeline_times(orders).values() if ops)
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_pipeline():
+    """A 2-stage GPT small enough to run at check time, its batch and one process's gradients."""
+    from ckpt_lab.training.data import TextBatches, load_corpus
+    from ckpt_lab.lessons import scale_out
+    from ckpt_lab.training.models import get_config
+    cfg = get_config("gpt-cpu", block_size=16, n_layer=2, n_embd=32, n_head=2, dropout=0.0)
+    x, y = TextBatches(load_corpus(), 4, cfg.block_size).get(0)
+    return cfg, x, y, scale_out.single_step(cfg, x, y)[1]
+
+
+def _run_on_two_stages(fn, M: int = 4):
+    """The learner's orders run on 2 real stages (gloo): per stage, the most micro-batches it
+    held (measured) and whether its gradients are one process's."""
+    import torch
+
+    from ckpt_lab import distributed
+    from ckpt_lab.lessons import scale_out
+    cfg, x, y, grads = _tiny_pipeline()
+    orders = [scale_out.check_order(fn(2, i, M), M) for i in range(2)]
+    stages = distributed.launch(scale_out.pipeline_step, cfg, x, y, M, "1f1b", (), orders,
+                                world_size=2, backend="gloo", timeout=120)
+    mine = lambda st, name: st["layers"][0] <= int(name.split(".")[1]) < st["layers"][1]  # noqa: E731
+    same = all(torch.allclose(st["grads"][n], g, rtol=1e-5, atol=1e-6) for st in stages
+               for n, g in grads.items() if mine(st, n))
+    return [st["in_flight"] for st in stages], same
+
+
+def _one_f_one_b(answer):
+    from ckpt_lab import parallel_formulas as pf
+    from ckpt_lab.lessons import scale_out
+    if not callable(answer):
+        return False, ("Pass your function itself: exercises.check('12.one_f_one_b', "
+                       "one_f_one_b), where one_f_one_b(pp, i, M) returns a list of "
+                       "('F', j) and ('B', j).")
+    for pp, M in ORDER_CASES:
+        orders, wrong = _walk(answer, pp, M)
+        if orders is None and wrong is None:
+            return False, ("not answered yet: your one_f_one_b returns None. Return the list "
+                           "of ('F', j) and ('B', j) that stage i runs, in order.")
+        if wrong:
+            return False, wrong + "."
+        held = [_held(orders[i]) for i in range(pp)]
+        most = [pf.in_flight("1f1b", pp, i, M) for i in range(pp)]
+        if any(h > m for h, m in zip(held, most)):
+            i = next(i for i in range(pp) if held[i] > most[i])
+            gpipe = " That is GPipe's order: every forward, then every backward." \
+                if held == [M] * pp else ""
+            return False, (f"pp={pp}, M={M}: stage {i} holds {held[i]} micro-batches; 1F1B holds "
+                           f"at most min(pp - i, M) = {most[i]}.{gpipe} Stage i needs only as "
+                           "many forwards as fit before micro-batch 0's gradient comes back, "
+                           "then one backward per forward.")
+        ours = {i: scale_out.schedule("1f1b", pp, i, M) for i in range(pp)}
+        theirs, best = _step_time(orders), _step_time(ours)
+        if theirs > best:
+            return False, (f"pp={pp}, M={M}: your stages hold little, but the step takes "
+                           f"{theirs:g} time units (a forward 1, a backward 2) against 1F1B's "
+                           f"{best:g}: a stage waits for a gradient when it could run a forward. "
+                           "Warm up with pp - i - 1 forwards before the first backward.")
+    measured, same = _run_on_two_stages(answer)
+    want = [pf.in_flight("1f1b", 2, i, 4) for i in range(2)]
+    if measured != want or not same:
+        return False, (f"On 2 real stages with 4 micro-batches your orders held {measured} "
+                       f"micro-batches (1F1B: {want}) and {'gave' if same else 'did not give'} "
+                       "one process's gradients.")
+    return True, (f"Every stage holds at most min(pp - i, M) micro-batches, in 1F1B's time, for "
+                  f"{len(ORDER_CASES)} sizes; on 2 real stages (4 micro-batches) yours held "
+                  f"{measured} micro-batches, measured, with one process's gradients.")
+
+
 EXERCISES = [
     Exercise("12.fsdp_halves", "FSDP on 2 ranks against one process with the whole batch: "
              "which bands of a GPU's memory halve? Choose from weights, gradients, buckets, "
@@ -149,4 +273,8 @@ EXERCISES = [
     Exercise("12.stage_in_flight", "4 pipeline stages, 8 micro-batches, 1F1B: how many "
              "micro-batches does stage 0 hold at most, and stage 3? Give (stage 0, stage 3).",
              _stage_in_flight, first_and_last_stage),
+    Exercise("12.one_f_one_b", "Build task: pass your function one_f_one_b(pp, i, M), the list "
+             "of ('F', j) and ('B', j) stage i of pp runs under 1F1B for M micro-batches. It is "
+             "walked through the pipeline for several sizes, then run on 2 real stages.",
+             _one_f_one_b),
 ]

@@ -13,10 +13,12 @@ One module per kind of figure, every name re-exported here (``plots.timeline(...
 * `curves`: measured points on predicted lines against one quantity.
 * `tradeoffs`: peak against recompute or throughput, the budget drawn.
 * `grids`: the verdict grid, pipeline schedules, segment plans, the out-of-memory ladder.
+* `diagrams`: a model's structure (the six matmuls of a transformer block).
 """
 from .bar_charts import bars, band_bars, grouped_bars, ratio_panels, side_by_side, technique_bars
-from .curves import (attention_kinds, depth_panels, measured_vs_predicted, model_parity,
-                     ratio_points, segment_curve, u_curves, vocab_panels)
+from .curves import (attention_kinds, chunk_peaks, depth_panels, loss_share,
+                     measured_vs_predicted, model_parity, ratio_points, segment_curve, u_curves)
+from .diagrams import ELEMENTWISE_COLOR, MATMUL_COLOR, block_matmuls, block_sizes
 from .grids import (VERDICT_COLORS, VERDICTS, ladder_paths, pipeline_grid, pipeline_times,
                     segment_plans, verdict_grid, verdict_of)
 from .layers import (LAYER_PARTS, block_terms, layer_bars, layer_parts, layer_profile,

@@ -89,27 +89,34 @@ def grouped_bars(groups: dict[str, dict[str, float]], ylabel="MiB", title="", sc
     return fig
 
 
-def technique_bars(measured: dict, predicted: dict | None = None,
+def technique_bars(measured: dict, predicted: dict | None = None, state_bytes: int = 0,
                    title="One step's peak under each technique"):
-    """One bar per technique (measured peak, MiB) with its ratio to the first bar; the
-    formula's peak as a black tick where one is given."""
+    """One bar per technique: the measured step peak (activations, MiB), stacked on the model
+    state (grey) where ``state_bytes`` is given, so the bar's top is the total peak (model state
+    included). Above each bar its ratio to the first bar's: the step peak's and, with a model
+    state, the total peak's. The formula's step peak is a black tick where one is given."""
     predicted = predicted or {}
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
     names = list(measured)
-    base = measured[names[0]]
-    ax.bar(names, [measured[n] / MIB for n in names], color=PHASE_COLORS["forward"], width=0.6,
-           label="step peak (measured)")
-    ticks = [(i, predicted[n] / MIB) for i, n in enumerate(names) if n in predicted]
+    base, state = measured[names[0]], state_bytes / MIB
+    if state_bytes:
+        ax.bar(names, [state] * len(names), color=NEUTRAL_COLORS[0], width=0.6,
+               label="model state (weights, gradients, optimizer)")
+    ax.bar(names, [measured[n] / MIB for n in names], bottom=state, width=0.6,
+           color=PHASE_COLORS["forward"], label="step peak (activations), measured")
+    ticks = [(i, state + predicted[n] / MIB) for i, n in enumerate(names) if n in predicted]
     if ticks:
         ax.plot(*zip(*ticks), "_", color="k", ms=40, mew=2, label="formula")
     for i, n in enumerate(names):
-        ax.text(i, measured[n] / MIB, f"x{measured[n] / base:.2f}", ha="center", va="bottom",
-                fontsize=8)
+        text = f"step x{measured[n] / base:.2f}"
+        if state_bytes:
+            text += f"\ntotal x{(state_bytes + measured[n]) / (state_bytes + base):.2f}"
+        ax.text(i, state + measured[n] / MIB, text, ha="center", va="bottom", fontsize=8)
     ax.set(title=title, ylabel="MiB")
     ax.title.set_fontsize(10)
-    ax.set_ylim(0, max(measured.values()) / MIB * 1.15)
+    ax.set_ylim(0, (state + max(measured.values()) / MIB) * 1.3)
     ax.tick_params(axis="x", labelsize=8)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right", markerscale=0.4)
     fig.tight_layout()
     return fig
 

@@ -69,9 +69,9 @@ def u_curves(panels: list, title="Step peak against the number of segments S"):
 
 def attention_kinds(seqs, measured: dict, predicted: dict,
                     title="Kept bytes of one block against sequence length"):
-    """Kept bytes against s for unfused ("manual") and fused ("sdpa") attention: measured as
+    """Kept bytes against T for unfused ("manual") and fused ("sdpa") attention: measured as
     points (hollow: the attention core checkpointed), the formulas as lines; the unfused
-    series in recompute orange (its s x s terms are what recomputation drops), fused in blue."""
+    series in recompute orange (its T x T terms are what recomputation drops), fused in blue."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     colors = {"manual": PHASE_COLORS["recompute"], "sdpa": PHASE_COLORS["forward"]}
     names = {"manual": "unfused", "sdpa": "fused (SDPA)"}
@@ -83,7 +83,7 @@ def attention_kinds(seqs, measured: dict, predicted: dict,
         ax.plot(seqs, [m / MIB for m in measured[f"{impl}, core checkpointed"]], "s",
                 color=color, mfc="none", ms=11 if impl == "manual" else 7,
                 label=f"{names[impl]}, core checkpointed")
-    ax.set(title=title, xlabel="sequence length s (tokens)", ylabel="kept after forward (MiB)")
+    ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="kept after forward (MiB)")
     ax.title.set_fontsize(9)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, ncol=2)
@@ -103,7 +103,7 @@ def depth_panels(depths, peaks: dict, predicted, forwards: dict, predicted_forwa
                label=f"{name} (measured)")
     a.plot(depths, predicted, "--", color=PHASE_COLORS["recompute"],
            label="bisection_cost + gradient in flight")
-    a.set(title="step peak", xlabel="layers L", ylabel="units of one activation")
+    a.set(title="step peak (activations)", xlabel="layers L", ylabel="units of one activation")
     for (name, values), marker in zip(forwards.items(), ("^", "s")):
         b.plot(depths, values, marker, color="k" if marker == "s" else PHASE_COLORS["forward"],
                mfc="none" if marker == "s" else None, label=name)
@@ -120,39 +120,47 @@ def depth_panels(depths, peaks: dict, predicted, forwards: dict, predicted_forwa
     return fig
 
 
-def vocab_panels(vocabs, shares, line_vocabs, line_shares, chunks, chunk_peaks, chunk_predicted,
-                 floor_bytes: int | None = None,
-                 title="The loss at large vocabularies, and chunked cross-entropy"):
-    """Left: the loss's share of the step's peak against the vocabulary size (measured as points,
-    the prediction as a line, which may run past the measured sizes). Right: the step's peak
-    against the number of row chunks of the loss (measured points in recompute orange, the
-    formula as a line; 1 chunk is the plain loss), with the floor no chunking removes."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
-    a.plot(line_vocabs, [100 * s for s in line_shares], "-", color="k",
-           label="3NV / (the rest + 3NV), predicted")
-    a.plot(vocabs, [100 * s for s in shares], "o", color="k", mfc="none", ms=8,
-           label="measured")
+def loss_share(vocabs, shares, line_vocabs, line_shares,
+               title="What the loss holds at its peak, as a share of the step peak"):
+    """The loss's share of the step peak (activations) against the vocabulary size V: measured
+    as points, the prediction 3NV / (the rest + 3NV) as a line, which may run past the measured
+    sizes (its last value annotated as predicted)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    ax.plot(line_vocabs, [100 * s for s in line_shares], "-", color=PREDICTED,
+            label="3NV / (the rest + 3NV), predicted")
+    ax.plot(vocabs, [100 * s for s in shares], "o", color=MEASURED, mfc="none", ms=8,
+            label="3NV / the measured step peak")
     if line_vocabs[-1] > vocabs[-1]:
-        a.annotate(f"{100 * line_shares[-1]:.0f}% (predicted)", (line_vocabs[-1], 100 * line_shares[-1]),
-                   xytext=(-60, -16), textcoords="offset points", fontsize=7)
-    a.set_xscale("log", base=2)
-    a.set_xticks(line_vocabs, [f"{v // 1024}K" if v >= 1024 else str(v) for v in line_vocabs])
-    a.set(title="what the loss holds at its peak, % of the step's peak", xlabel="vocabulary V",
-          ylabel="% of the step peak", ylim=(0, 105))
-    b.plot(chunks, [p / MIB for p in chunk_predicted], "-", color=PHASE_COLORS["recompute"],
-           label="the rest + chunked_cross_entropy_peak_bytes")
-    b.plot(chunks, [p / MIB for p in chunk_peaks], "o", color=PHASE_COLORS["recompute"], ms=8,
-           mfc="none", label="measured (1 chunk: the plain loss)")
+        ax.annotate(f"{100 * line_shares[-1]:.0f}% (predicted)",
+                    (line_vocabs[-1], 100 * line_shares[-1]), xytext=(-60, -16),
+                    textcoords="offset points", fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(line_vocabs, [f"{v // 1024}K" if v >= 1024 else str(v) for v in line_vocabs])
+    ax.set(title=title, xlabel="vocabulary V (words)", ylabel="% of the step peak", ylim=(0, 105))
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def chunk_peaks(chunks, peaks, predicted, floor_bytes: int | None = None,
+                title="Step peak (activations) against the loss's chunks"):
+    """The step peak against the number C of row chunks of the loss (1: the plain loss):
+    measured points in recompute orange, the formula as a line, and the floor no chunking
+    removes as a dotted line."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    ax.plot(chunks, [p / MIB for p in predicted], "-", color=PHASE_COLORS["recompute"],
+            label="the rest + chunked_cross_entropy_peak_bytes")
+    ax.plot(chunks, [p / MIB for p in peaks], "o", color=PHASE_COLORS["recompute"], ms=8,
+            mfc="none", label="measured (C = 1: the plain loss)")
     if floor_bytes is not None:
-        b.axhline(floor_bytes / MIB, color="tab:gray", ls=":", label="floor: the rest + 3 V x d")
-    b.set_xscale("log", base=2)
-    b.set_xticks(chunks, [str(k) for k in chunks])
-    b.set(title=f"step peak at V = {vocabs[-1]:,}", xlabel="row chunks of the loss",
-          ylabel="MiB", ylim=(0, max(chunk_peaks) / MIB * 1.1))
-    for ax in (a, b):
-        ax.title.set_fontsize(9)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+        ax.axhline(floor_bytes / MIB, color="tab:gray", ls=":", label="floor: the rest + 3 V H")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(chunks, [str(c) for c in chunks])
+    ax.set(title=title, xlabel="row chunks C of the loss", ylabel="step peak (MiB)",
+           ylim=(0, max(peaks) / MIB * 1.1))
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -181,7 +189,8 @@ def model_parity(measured, models: dict, title="Each plan's measured step peak a
     for (name, predicted), marker in zip(models.items(), ("o", "s", "^", "D")):
         ax.plot([m / MIB for m in measured], [p / MIB for p in predicted], marker, mfc="none",
                 ms=7, label=name)
-    ax.set(title=title, xlabel="measured step peak (MiB)", ylabel="model's peak (MiB)",
+    ax.set(title=title, xlabel="measured step peak, activations (MiB)",
+           ylabel="model's peak (MiB)",
            xlim=(0, top), ylim=(0, top))
     ax.title.set_fontsize(10)
     ax.legend(fontsize=8)

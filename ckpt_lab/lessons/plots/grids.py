@@ -148,12 +148,16 @@ def pipeline_grid(orders: dict[int, list[tuple[str, int]]], ax=None, title="",
 def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundaries=(), ax=None,
                   title="Checkpoint segments: the plan requested and what each stage ran"):
     """One row per plan: its checkpointed segments (recomputed: orange) over the layer indices
-    [start, end); stage boundaries dashed."""
+    [start, end), each labelled with its layers, every other one hatched so that neighbours
+    stay apart; stage boundaries dashed."""
     fig, ax = _axes(ax, (8, 0.6 + 0.45 * len(plans)))
     for row, spans in enumerate(plans.values()):
-        for a, b in spans:
+        for k, (a, b) in enumerate(spans):
             ax.barh(row, b - a, left=a, height=0.6, color=PHASE_COLORS["recompute"],
-                    edgecolor="white", lw=2)
+                    edgecolor="white", lw=2, hatch="//" if k % 2 else None)
+            ax.text((a + b) / 2, row, f"{a}" if b - a == 1 else f"{a}–{b - 1}", ha="center",
+                    va="center", fontsize=7, color="black",
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
     for i, x in enumerate(boundaries):
         ax.axvline(x, ls="--", color="k", lw=1, label="stage boundary" if i == 0 else None)
     ax.set_yticks(range(len(plans)), list(plans), fontsize=8)
@@ -162,7 +166,7 @@ def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundari
     ax.set_xlim(0, layers)
     ax.set(title=title, xlabel="layer index in model.layers() (0: embedding, last: head)")
     if boundaries:
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
 

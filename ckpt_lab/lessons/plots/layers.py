@@ -66,7 +66,7 @@ def block_terms(runs: dict, highlight=(), title="What one block keeps for backwa
     handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["forward"]),
                plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS["recompute"]),
                plt.Line2D([], [], ls="", marker="|", color="k", ms=10, mew=2)]
-    fig.legend(handles, ["kept (measured)", "kept, grows with s² (measured)", "formula"],
+    fig.legend(handles, ["kept (measured)", "kept, grows with T² (measured)", "formula"],
                fontsize=8, loc="lower center", ncol=3, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))

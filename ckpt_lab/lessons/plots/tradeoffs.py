@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .style import (GIB, MIB, PHASE_COLORS, POLICY_COLORS, PREDICTED, RUN_COLORS, SERIES_COLORS,
-                   _axes)
+from .style import (GIB, MIB, NEUTRAL_COLORS, PHASE_COLORS, POLICY_COLORS, PREDICTED, RUN_COLORS,
+                   SERIES_COLORS, _axes)
 
 
 def budget_scatter(names, peak_bytes, cost, budget_bytes: int, fits=None, ax=None,
@@ -68,7 +68,8 @@ def plan_scatter(uniform, planned, front, total_cost: float,
             color="k", mfc="none", ms=8, label="uniform segments (measured)")
     ax.plot([p / MIB for p, _ in planned], [100 * c / total_cost for _, c in planned], "o",
             color=PHASE_COLORS["forward"], label="planner's plan within that peak (measured)")
-    ax.set(title=title, xlabel="step peak (MiB)", ylabel="forward re-run (% of FLOPs)")
+    ax.set(title=title, xlabel="step peak, activations (MiB)",
+           ylabel="forward re-run (% of FLOPs)")
     ax.title.set_fontsize(10)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
@@ -77,30 +78,41 @@ def plan_scatter(uniform, planned, front, total_cost: float,
 
 
 def combination_grid(rows: list, budget_bytes: int,
-                     title="Which combination fits the budget, and at what recompute"):
+                     title="Which combination fits the budget, and at what recompute",
+                     state_bytes: int = 0):
     """Small multiples, one panel per micro-batch count: measured peak (MiB) against recompute
     (% of a step's FLOPs); colour = checkpoint policy, marker = precision, filled = fits; the
-    budget as a dashed line. Each row: dict(policy, k, precision, peak, recompute_share)."""
+    budget as a dashed line. Each row: dict(policy, k, precision, peak, recompute_share), peak
+    the step peak (activations); with ``state_bytes`` the points are total peaks (model state
+    included) and the budget is one too."""
     ks = sorted({r["k"] for r in rows})
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     colors = dict(zip(policies, RUN_COLORS[:1] + ("tab:brown", PHASE_COLORS["recompute"])))
     markers = {"fp32": "o", "bf16": "s"}
     fig, axes = plt.subplots(1, len(ks), figsize=(3.6 * len(ks), 3.4), sharey=True, squeeze=False)
-    top = max(r["peak"] for r in rows) / MIB * 1.1
+    top = (state_bytes + max(r["peak"] for r in rows)) / MIB * 1.1
     for ax, k in zip(axes[0], ks):
         for r in (r for r in rows if r["k"] == k):
-            fits = r["peak"] <= budget_bytes
-            ax.plot([100 * r["recompute_share"]], [r["peak"] / MIB], markers[r["precision"]],
+            total = state_bytes + r["peak"]
+            fits = total <= budget_bytes
+            ax.plot([100 * r["recompute_share"]], [total / MIB], markers[r["precision"]],
                     color=colors[r["policy"]], mfc=colors[r["policy"]] if fits else "none", ms=8)
         ax.axhline(budget_bytes / MIB, color="k", ls="--", lw=1)
+        if state_bytes:
+            ax.axhspan(0, state_bytes / MIB, color=NEUTRAL_COLORS[0], alpha=0.25, lw=0)
         ax.set(title=f"{k} micro-batch{'es' if k > 1 else ''}", xlabel="recompute, % of a step's FLOPs",
                ylim=(0, top))
-    axes[0][0].set_ylabel("step peak, measured (MiB)")
+    axes[0][0].set_ylabel("total peak (model state included), MiB" if state_bytes else
+                          "step peak (activations), MiB")
     handles = [plt.Line2D([], [], ls="", marker="o", color=c) for c in colors.values()]
     handles += [plt.Line2D([], [], ls="", marker=m, color="tab:gray", mfc="none")
                 for m in markers.values()]
     handles.append(plt.Line2D([], [], ls="--", color="k"))
-    fig.legend(handles, [f"checkpoint: {p}" for p in colors] + list(markers) + ["budget"],
+    labels = [f"checkpoint: {p}" for p in colors] + list(markers) + ["budget"]
+    if state_bytes:
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=NEUTRAL_COLORS[0], alpha=0.25, lw=0))
+        labels.append("model state")
+    fig.legend(handles, labels,
                fontsize=8, loc="lower center", ncol=len(handles), frameon=False)
     fig.suptitle(title + " (filled: fits)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
@@ -142,17 +154,24 @@ def capacity_scatter(rows, budget_bytes: int, ax=None,
     return fig
 
 
-def throughput_panels(panels: dict, title="Tokens per second against the step's peak, "
-                                          "at equal global batch"):
+def throughput_panels(panels: dict, title="Tokens per second against the step peak "
+                                          "(activations), at equal global batch",
+                      ncols: int | None = None):
     """Small multiples, one panel per (machine, budget): each setup's measured step peak (x,
     MiB) against its tokens per second (y), coloured by checkpoint policy and labelled with its
     micro-batch x accumulation; hollow where it does not fit; the budget as a dashed line.
 
     ``panels`` maps a panel title to (budget_bytes, rows), rows as dicts with the fields of
     `ckpt_lab.training.throughput.ThroughputRow` (``dataclasses.asdict`` or a committed JSON file).
+    ``ncols``: panels per row (all in one row by default; a machine per row with 2 budgets).
     """
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.6), squeeze=False)
-    for ax, (name, (budget, rows)) in zip(axes[0], panels.items()):
+    ncols = ncols or len(panels)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.3 * ncols, 3.3 * nrows + 0.3),
+                             squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, (budget, rows)) in zip(axes.flat, panels.items()):
         for r in rows:
             color = POLICY_COLORS.get(r["policy"], "tab:gray")
             fits = r["peak_bytes"] <= budget
@@ -163,17 +182,19 @@ def throughput_panels(panels: dict, title="Tokens per second against the step's 
                         xytext=(5, 4), textcoords="offset points")
         ax.axvline(budget / MIB, color="k", ls="--", lw=1)
         top = max(r["tokens_per_s"] for r in rows) / 1e3
-        ax.set(title=name, xlabel="step peak, measured (MiB)", ylim=(0, top * 1.2),
+        ax.set(title=name, xlabel="step peak (activations), measured (MiB)", ylim=(0, top * 1.2),
                xlim=(0, max(r["peak_bytes"] for r in rows) / MIB * 1.15))
         ax.title.set_fontsize(9)
-    axes[0][0].set_ylabel("thousand tokens / s")
+    for row in axes:
+        row[0].set_ylabel("thousand tokens / s")
     names = {"none": "no checkpoint", "every": "full checkpointing",
              "selective": "selective recomputation"}
     handles = [plt.Line2D([], [], ls="", marker="o", color=c) for c in POLICY_COLORS.values()]
     handles += [plt.Line2D([], [], ls="", marker="o", color="k", mfc="none"),
                 plt.Line2D([], [], ls="--", color="k")]
-    labels = [names[p] for p in POLICY_COLORS] + ["over the budget", "budget"]
+    labels = [names[p] for p in POLICY_COLORS] + ["over the budget",
+                                                  "budget (less the model state)"]
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False)
     fig.suptitle(title + " (label: micro-batch x accumulation)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.08 / nrows, 1, 1))
     return fig

@@ -13,13 +13,17 @@ caller. One module per kind of run, every name re-exported here (``scale_out.ddp
   bytes by kind, and `bands`, which sorts a run's bytes into the bands of lesson 12's figure.
 * `ddp`: `ddp_step` (`DistributedDataParallel`, with or without checkpointing, loss and
   gradients) and `ddp_pitfalls` (reentrant checkpointing under DDP, the failures and fixes).
-* `fsdp`: `fsdp_step`, FSDP2 (`fully_shard`) with no checkpointing, ckpt_lab's checkpoint or
-  PyTorch's `checkpoint_wrapper`, applied before or after sharding; per-rank bytes by kind.
-* `pipeline`: `pipeline_step`, one pipeline stage per rank, plain send/recv, a GPipe or 1F1B
-  schedule.
+* `fsdp`: `fsdp_step`, one FSDP2 step over a model that an importable `prepare(model)`
+  checkpoints and shards (`shard_layers`, `checkpoint_then_shard`, `shard_then_checkpoint`,
+  `ckpt_lab_then_shard`, `one_unit`, or the lesson's own); per-rank bytes by kind.
+* `pipeline`: `pipeline_step`, one pipeline stage per rank: `run_stage`, the send/recv loop of
+  one stage, in a GPipe or 1F1B `schedule` (or orders of the caller's), measured between
+  operations.
 """
 from .ddp import PITFALLS, ddp_pitfalls, ddp_step
-from .fsdp import ORDERS, apply_checkpointing, fsdp_step, shard
-from .pipeline import cut_segments, pipeline_step, schedule, stage_layers
+from .fsdp import (apply_checkpointing, checkpoint_then_shard, ckpt_lab_then_shard, fsdp_step,
+                   one_unit, shard_layers, shard_then_checkpoint, unit_bytes)
+from .pipeline import (check_order, cut_segments, pipeline_step, run_stage, schedule,
+                       stage_layers)
 from .ranks import check_batch, device, several, whoami
 from .reference import BANDS, bands, one_process, single_step

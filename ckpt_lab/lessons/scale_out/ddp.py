@@ -42,12 +42,14 @@ def ddp_step(cfg, x, y, policy="none", impl: str | None = None, **ddp_options) -
     grads = _grads(model) if dist.get_rank() == 0 else None
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     opt.step()
+    storages = len({p.grad.untyped_storage().data_ptr() for p in model.parameters()})
     return {"loss": _mean_over_ranks(loss), "local_loss": loss.item(),
             "grads": grads, "peak_bytes": mem.peak_bytes, "rss_bytes": peak_rss_bytes(),
             "bucket_bytes": bucket_bytes, **_state_bytes(model, opt),
             # distinct storages behind the gradients: one a parameter, or DDP's few flat buckets
             # when the gradients are views of them (gradient_as_bucket_view=True)
-            "grad_storages": len({p.grad.untyped_storage().data_ptr() for p in model.parameters()})}
+            "grad_storages": storages,
+            "grads_in_buckets": storages < len(list(model.parameters()))}
 
 
 def _torch_ckpt(model, reentrant: bool, frozen: bool):
@@ -80,29 +82,41 @@ def _frozen_embedding(model):
 # inputs and returns their gradients to the outer backward, so it has neither (its rows).
 # Rows 1-5 are PyTorch's checkpoint, what a learner calls; 6-8 ckpt_lab's designs.
 PITFALLS = [
-    # (label, checkpoint: "torch reentrant" | "torch" | a ckpt_lab impl, ddp options, frozen)
+    # (label, checkpoint: "torch reentrant" | "torch" | a ckpt_lab impl, ddp options, frozen,
+    #  why it fails or works)
     ("torch reentrant, find_unused_parameters=True", "torch reentrant",
-     dict(find_unused_parameters=True), False),
-    ("torch reentrant, static_graph=True", "torch reentrant", dict(static_graph=True), False),
+     dict(find_unused_parameters=True), False,
+     "DDP marked the checkpoint's parameters ready after the forward (not in the graph); the "
+     "recompute makes their gradients, ready a second time. Fix: 3, or 2"),
+    ("torch reentrant, static_graph=True", "torch reentrant", dict(static_graph=True), False,
+     "DDP records the parameters used in step 1 and stops searching"),
     ("torch non-reentrant, find_unused_parameters=True", "torch",
-     dict(find_unused_parameters=True), False),
-    ("torch reentrant, frozen embedding", "torch reentrant", {}, True),
-    ("torch non-reentrant, frozen embedding", "torch", {}, True),
+     dict(find_unused_parameters=True), False,
+     "the forward builds the real graph: DDP reaches every parameter"),
+    ("torch reentrant, frozen embedding", "torch reentrant", {}, True,
+     "the blocks' input needs no grad: their parameters get no gradient, DDP's reduction never "
+     "finishes and step 2 refuses. Fix: 5, or make the input require grad"),
+    ("torch non-reentrant, frozen embedding", "torch", {}, True,
+     "non-reentrant differentiates through the recomputed graph, whatever its inputs"),
     # ckpt_lab's reentrant design takes the parameters its forward read as inputs: no trap
     ("ckpt_lab reentrant, find_unused_parameters=True", "reentrant",
-     dict(find_unused_parameters=True), False),
-    ("ckpt_lab reentrant, frozen embedding", "reentrant", {}, True),
+     dict(find_unused_parameters=True), False,
+     "ckpt_lab's reentrant node takes the parameters its forward read as inputs"),
+    ("ckpt_lab reentrant, frozen embedding", "reentrant", {}, True,
+     "ckpt_lab's reentrant node takes the parameters its forward read as inputs"),
     # ckpt_lab's non-reentrant design, as PyTorch's (3)
     ("ckpt_lab hooks, find_unused_parameters=True", "hooks",
-     dict(find_unused_parameters=True), False),
+     dict(find_unused_parameters=True), False,
+     "ckpt_lab's hooks design builds the real graph, as in 3"),
 ]
 
 
 def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
-    """Each case of `PITFALLS` for `steps` steps: "ok" and its losses, or the error it raised."""
+    """Each case of `PITFALLS` for `steps` steps: "ok" and its losses, or the error it raised,
+    and why."""
     _check_rows(x, y)
     rows = []
-    for label, impl, options, frozen in PITFALLS:
+    for label, impl, options, frozen, why in PITFALLS:
         if impl.startswith("torch"):
             model = _torch_ckpt(build_model(cfg, policy="none").to(device()),
                                 reentrant=impl == "torch reentrant", frozen=frozen)
@@ -111,7 +125,8 @@ def ddp_pitfalls(cfg, x, y, steps: int = 2) -> list[dict]:
             if frozen:
                 _frozen_embedding(model)
         ddp = _ddp(model, **options)
-        row = {"case": label, "outcome": "ok", "losses": [], "error": "", "missing_grads": 0}
+        row = {"case": label, "outcome": "ok", "losses": [], "error": "", "missing_grads": 0,
+               "why": why}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")     # torch warns about the frozen input

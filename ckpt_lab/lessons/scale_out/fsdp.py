@@ -1,12 +1,12 @@
-"""Lesson 12's FSDP runs: FSDP2 (`fully_shard`) over the course's GPT, checkpointed by
-ckpt_lab or by PyTorch first, and a probe that splits each rank's peak into the unsharded
-(all-gathered) parameters and everything else."""
+"""Lesson 12's FSDP runs: one FSDP2 step over the course's GPT, which a `prepare` function
+checkpoints and shards (the preparations here, or the lesson's own, written in a cell), and a
+probe that splits each rank's peak into the unsharded (all-gathered) parameters and everything
+else. `prepare` travels to the ranks by name, so it is a plain importable function."""
 from __future__ import annotations
 
 import functools
 
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckpt_lab.training.distributed import peak_rss_bytes
@@ -48,19 +48,18 @@ class _Probe(TorchDispatchMode):
 
 
 def _fsdp_params(model) -> list:
-    from torch.distributed.fsdp import FSDPModule
     out = []
     for m in model.modules():
-        if isinstance(m, FSDPModule):
-            group = m._get_fsdp_state()._fsdp_param_group
-            if group is not None:
-                out.extend(group.fsdp_params)
+        group = _group(m)
+        if group is not None:
+            out.extend(group.fsdp_params)
     return out
 
 
-def apply_checkpointing(model, how: str):
-    """Checkpoint every transformer block of a `models.GPT` in place: "none", "ckpt_lab"
-    (ckpt_lab.checkpoint_modules, hooks) or "torch" (PyTorch's apply_activation_checkpointing)."""
+def apply_checkpointing(model, how: str = "torch"):
+    """Checkpoint every transformer block of a `models.GPT` in place: "torch" (PyTorch's
+    apply_activation_checkpointing, non-reentrant), "ckpt_lab" (ckpt_lab.checkpoint_modules,
+    hooks) or "none"."""
     from ckpt_lab.training.models import Block
     if how == "none":
         return model
@@ -78,43 +77,68 @@ def apply_checkpointing(model, how: str):
     return model
 
 
-def shard(model, units: str = "layers", mesh=None) -> list[int]:
-    """FSDP2 units, bottom-up: each layer its own unit (units="layers"), then the root takes
-    whatever is left; units="root" makes the whole model one unit. Returns each unit's bytes."""
+def shard_layers(model):
+    """FSDP2 units bottom-up: each layer of `model.layers()` its own unit, then the root,
+    which takes whatever no layer claimed."""
     from torch.distributed.fsdp import fully_shard
-    if units not in ("layers", "root"):
-        raise ValueError(f"units must be 'layers' or 'root', got {units!r}")
-    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
-    unit_bytes = [size(model)]
-    if units == "layers":
-        for layer in model.chain:           # bottom-up: each layer's parameters form a unit
-            fully_shard(layer, mesh=mesh)
-        unit_bytes = [size(layer) for layer in model.chain]
-    fully_shard(model, mesh=mesh)           # and the root takes whatever is left
-    return unit_bytes
+    for layer in model.layers():
+        fully_shard(layer)
+    fully_shard(model)
+    return model
 
 
-ORDERS = ("checkpoint first", "shard first")
+def one_unit(model):
+    """The whole model one FSDP2 unit: one all-gather brings every weight at once."""
+    from torch.distributed.fsdp import fully_shard
+    fully_shard(model)
+    return model
 
 
-def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers",
-              order: str = "checkpoint first") -> dict:
-    """FSDP2 (`fully_shard`), every layer of the GPT its own unit (units="layers") or the
-    whole model one unit ("root"), checkpointed before sharding or after (`order`): one
-    warm-up step, then one measured forward + backward. Per-rank bytes by kind, the loss, the
-    unit sizes and the number of all-gathers."""
-    from torch.distributed.device_mesh import init_device_mesh
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+def checkpoint_then_shard(model):
+    """PyTorch's checkpoint_wrapper on every block, then `shard_layers`."""
+    return shard_layers(apply_checkpointing(model, "torch"))
+
+
+def ckpt_lab_then_shard(model):
+    """ckpt_lab's checkpoint_modules on every block, then `shard_layers`."""
+    return shard_layers(apply_checkpointing(model, "ckpt_lab"))
+
+
+def shard_then_checkpoint(model):
+    """`shard_layers` first, then PyTorch's checkpoint_wrapper around each sharded block."""
+    return apply_checkpointing(shard_layers(model), "torch")
+
+
+def unit_bytes(model) -> list[int]:
+    """The unsharded bytes of each FSDP2 unit's own parameters (those no inner unit holds),
+    bottom-up; units that hold none are left out."""
+    groups = [_group(m) for m in list(model.modules())[1:]] + [_group(model)]  # the root last
+    return [sum(fp._orig_size.numel() * fp.sharded_param.dtype.itemsize for fp in g.fsdp_params)
+            for g in groups if g is not None and g.fsdp_params]
+
+
+def _group(module):
+    from torch.distributed.fsdp import FSDPModule
+    if isinstance(module, FSDPModule):
+        return module._get_fsdp_state()._fsdp_param_group
+    return None
+
+
+def fsdp_step(cfg, x, y, prepare=shard_layers) -> dict:
+    """FSDP2 (`fully_shard`) over the course's GPT, which `prepare(model)` checkpoints and
+    shards in place (an importable function, e.g. `checkpoint_then_shard` or one of the
+    lesson's own): one warm-up step, then one measured forward + backward. Per-rank bytes by
+    kind, the loss, the unit sizes and the number of all-gathers."""
+    if not callable(prepare):
+        raise TypeError(f"prepare must be a function that checkpoints and shards a model in "
+                         f"place (e.g. scale_out.checkpoint_then_shard), got {prepare!r}")
     _check_rows(x, y)
-    mesh = init_device_mesh(device().type, (dist.get_world_size(),))
     model = build_model(cfg, policy="none").to(device())
-    if order == "checkpoint first":
-        apply_checkpointing(model, checkpointing)
-        unit_bytes = shard(model, units, mesh)
-    else:                                   # the wrapper then wraps each sharded block
-        unit_bytes = shard(model, units, mesh)
-        apply_checkpointing(model, checkpointing)
+    model = prepare(model) or model
+    units = unit_bytes(model)
+    if not units:
+        raise ValueError(f"{getattr(prepare, '__name__', prepare)} left no FSDP unit: call "
+                         "fully_shard on the model (and its layers) in it")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     xr, yr = _my_rows(x), _my_rows(y)
     warm = model(xr, yr)                    # warm-up: gradients and Adam's moments exist
@@ -131,5 +155,5 @@ def fsdp_step(cfg, x, y, checkpointing: str = "none", units: str = "layers",
     return {"first_loss": first_loss, "loss": _mean_over_ranks(loss), **_state_bytes(model, opt),
             "peak_bytes": mem.peak_bytes, "probe_peak_bytes": probe.peak_bytes,
             "at_peak": probe.at_peak, "gathered_peak_bytes": probe.gathered_peak_bytes,
-            "unit_bytes": unit_bytes, "rss_bytes": peak_rss_bytes(),
+            "unit_bytes": units, "rss_bytes": peak_rss_bytes(),
             "all_gathers": sum(p.op.startswith("_allgather_base") for p in mem.timeline)}

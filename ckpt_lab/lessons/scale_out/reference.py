@@ -35,8 +35,10 @@ def one_process(cfg, x, y, policy="none", impl: str | None = None) -> dict:
 
 def bands(run: dict) -> dict[str, int]:
     """A run's bytes at its peak, by band: what `one_process`, `ddp_step` or `fsdp_step`
-    returned, as the stacked bars of lesson 12 draw it (FSDP's peak split by its probe)."""
+    returned, as the stacked bars of lesson 12 draw it (FSDP's peak split by its probe). DDP's
+    buckets count once: where the gradients are views of them, they are the gradients' band."""
     at = run.get("at_peak", {"gathered": 0, "other": run["peak_bytes"]})
+    buckets = 0 if run.get("grads_in_buckets") else run.get("bucket_bytes", 0)
     return {"weights": run["param_bytes"], "gradients": run["grad_bytes"],
-            "buckets": run.get("bucket_bytes", 0), "Adam": run["optimizer_bytes"],
+            "buckets": buckets, "Adam": run["optimizer_bytes"],
             "gathered weights": at["gathered"], "activations & buffers": at["other"]}
