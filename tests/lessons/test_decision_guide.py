@@ -155,4 +155,4 @@ def test_the_accelerate_row_names_the_dropout_defect_the_tests_measure():
     assert "does not replay the random state" in row
     assert "with dropout the gradients are wrong" in row
     assert "test_accelerate_fsdp2_switch_does_not_replay_dropout" in \
-        (ROOT / "tests" / "test_recipes_stacks.py").read_text()
+        (ROOT / "tests" / "lessons" / "test_recipes_stacks.py").read_text()
