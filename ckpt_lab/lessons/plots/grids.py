@@ -166,11 +166,12 @@ def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundari
     ax.set_xlim(0, layers)
     ax.set(title=title, xlabel="layer index in model.layers() (0: embedding, last: head)")
     handles, names = ax.get_legend_handles_labels()
-    segment = dict(color=PHASE_COLORS["recompute"], ec="white", lw=2)
+    segment = dict(facecolor=PHASE_COLORS["recompute"], edgecolor="white", lw=0.5)
     handles = [plt.Rectangle((0, 0), 1, 1, **segment),
-               plt.Rectangle((0, 0), 1, 1, hatch="//", **segment)] + handles
-    names = ["a checkpointed segment", "the next one (hatched only to tell them apart)"] + names
-    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+               plt.Rectangle((0, 0), 1, 1, hatch="///", **segment)] + handles
+    names = ["a checkpointed segment", "the next one, hatched only to tell them apart"] + names
+    ax.legend(handles, names, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3),
+              ncol=len(names), frameon=False, handlelength=3, handleheight=1.5)
     fig.tight_layout()
     return fig
 
