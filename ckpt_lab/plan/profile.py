@@ -50,6 +50,7 @@ import torch
 
 from ..measure.memory import phase, track_memory
 from ..checkpoint.module_state import ModuleState, saw_saved
+from ..checkpoint.recording import held, take
 
 
 @dataclass
@@ -164,25 +165,6 @@ def _layer_input(x, requires_grad, box=None):
     return _Sink.apply(x.detach().requires_grad_(), [] if box is None else box)
 
 
-class _Held:
-    """A saved tensor as a checkpoint holds it for a recompute: handed over once, then let go."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, t):
-        self.tensor = t
-
-
-def _once(held):
-    """Unpack as `checkpoint` does: a built-in node reads its saved tensors once, so the holder
-    lets go and the tensor lives only until that node returns (before autograd reduces the
-    gradients it sends, e.g. a broadcast bias's); a custom Function may read them twice."""
-    t = held.tensor
-    if not isinstance(torch._C._current_autograd_node(), torch.autograd.function.BackwardCFunction):
-        held.tensor = None
-    return t
-
-
 @dataclass
 class _Place:
     """Where a layer sits in the step: its input (and whether it requires grad), the gradient
@@ -251,10 +233,9 @@ def _alone(place: _Place, backward=True, once=False, allocator=False, state=None
 
         def pack(t):
             packs.append((t.untyped_storage().data_ptr(), len(log.timeline)))
-            alias = t.detach()
-            return _Held(alias) if once else alias
+            return held(t.detach()) if once else t.detach()
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, _once if once else lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, take if once else lambda t: t):
             try:
                 y = layer(xin)
                 if state is not None:
