@@ -17,23 +17,34 @@ import functools
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .arguments import TENSOR, fresh_input
 from .early_stop import WATCHED, StopAtOp, StopRecompute
 from .fingerprint import check_digests, fingerprint_of
-from .guards import Guards, describe, describe_meta
+from .guards import CheckpointError, Guards, describe, describe_meta
+from .module_state import own_hooks
 from .recording import check_count, check_meta, record, replaced_parameter, run_forward, take
 
 
 def checkpoint_hooks(fn, args, kwargs, inputs, guards, forward_context, early_stop):
     """Design 2 with the checks; the forward's graph adds the parameters it read to them."""
     frame = _Frame(fn, args, kwargs, guards, early_stop)
+    hooks = _hooks_registered()
     try:
         forward = run_forward(fn, args, kwargs, inputs, guards, frame.pack, frame.unpack,
                               forward_context)
     finally:
         frame.running = False
+    if _hooks_registered() != hooks:
+        frame.early_stop = False                  # it may remove them after its last save
     return forward.out
+
+
+def _hooks_registered() -> int:
+    """How many hooks (module, global, tensor, node: every `RemovableHandle`) were registered
+    so far, those of the checkpoints' own watch aside (early stop, note 11)."""
+    return RemovableHandle.next_id - own_hooks()
 
 
 class _Frame:
@@ -58,7 +69,8 @@ class _Frame:
         """Forward: hand autograd an empty holder for ``t`` and note what to check it against."""
         digest = fingerprint_of(t) if self.guards.fingerprint else None
         leaf = t if isinstance(t, nn.Parameter) and id(t) not in self.input_ids else None
-        return record(self.saved, t, digest, leaf)
+        trace = self.guards.trace
+        return record(self.saved, t, digest, leaf, trace and trace.forward)
 
     def unpack(self, h) -> torch.Tensor:
         """Backward: the saved tensor, recomputing first if its holder is empty."""
@@ -70,9 +82,13 @@ class _Frame:
         """Re-run the function, filling every live holder in save order."""
         self.guards.check(self.saved)
         args, kwargs = self.inputs()
-        run = _Recompute(self.saved, self.running, self.early_stop or self.running)
-        run.run(self.fn, args, kwargs, self.guards)
-        run.finish()
+        run = _Recompute(self.saved, self.running, self.early_stop or self.running,
+                         self.guards.trace)
+        try:
+            run.run(self.fn, args, kwargs, self.guards)
+            run.finish()
+        except CheckpointError as e:
+            raise self.guards.explain(e) from None
         if torch._C._current_graph_task_id() != -1:
             # Free, when this backward ends, what it recomputed but did not use up (tensors
             # kept for a custom Function, backward(inputs=...) on part of the graph).
@@ -96,8 +112,9 @@ class _Recompute:
     so far are known: the run always stops there and lets later saves through.
     """
 
-    def __init__(self, saved: list, in_forward: bool, early_stop: bool):
+    def __init__(self, saved: list, in_forward: bool, early_stop: bool, trace=None):
         self.saved, self.in_forward, self.early_stop = saved, in_forward, early_stop
+        self.trace = trace                        # debug.Trace with debug=True
         self.n = len(saved)                       # during the forward: those saved so far
         self.count = 0                            # saves seen so far in this run
         self.digests = []                         # (index, forward's, recompute's, node)
@@ -132,6 +149,8 @@ class _Recompute:
                 return x
             check_count("hooks", "saved", self.count, self.n)
         s = self.saved[i]
+        if self.trace is not None:
+            self.trace.recompute.saved(i, x)
         check_meta(f"impl='hooks': saved tensor {i}", x, s.meta)
         if s.leaf is not None and x is not s.leaf:
             raise replaced_parameter(f"impl='hooks': saved tensor {i} {describe(x)} is")
@@ -223,3 +242,7 @@ class _SaveInputs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):  # never part of a differentiated path
         return (None,) * (1 + len(ctx.saved_tensors))
+
+    @staticmethod
+    def jvp(ctx, *tangents):    # forward-mode AD: its empty output carries no tangent
+        return torch.zeros(0)

@@ -37,24 +37,29 @@ class Forward:
 
 
 def run_forward(fn, args, kwargs, inputs, guards, pack, unpack, context) -> Forward:
-    """Run ``fn`` with every saved tensor through ``pack``/``unpack``; the leaves its graph read
-    join the version checks (note 7)."""
+    """Run ``fn`` with every saved tensor through ``pack``/``unpack``; the parameters it read
+    (the leaves its graph reached, those of the modules that ran) join the version checks
+    (note 7)."""
     since = torch._C._autograd._get_sequence_nr()
     with guards.state.watching(), torch.autograd.graph.saved_tensors_hooks(pack, unpack), \
-            (context or contextlib.nullcontext()):
+            (context or contextlib.nullcontext()), \
+            (guards.trace.forward if guards.trace else contextlib.nullcontext()):
         out = fn(*args, **kwargs)
     flat, spec = flatten(out)
     tensors = [o for o in flat if isinstance(o, torch.Tensor)]
     leaves, before = graph_leaves(tensors, since, inputs)
-    guards.versions.add(leaves)
+    guards.versions.add(leaves + guards.state.parameters_read())
     return Forward(out, flat, spec, tensors, leaves, before)
 
 
-def record(saved: list, t: torch.Tensor, digest=None, leaf=None) -> Holder:
-    """A forward's pack: an empty holder for ``t``, with its record appended to ``saved``."""
+def record(saved: list, t: torch.Tensor, digest=None, leaf=None, log=None) -> Holder:
+    """A forward's pack: an empty holder for ``t``, with its record appended to ``saved``
+    (and noted in ``debug=True``'s log)."""
     h = Holder()
     saved.append(Saved(h, t, digest, leaf))
     saw_saved(t)
+    if log is not None:
+        log.saved(len(saved) - 1, t)
     return h
 
 

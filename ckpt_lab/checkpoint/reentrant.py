@@ -14,7 +14,7 @@ forward's generators, autocast and module state, checks each output's metadata a
 from __future__ import annotations
 
 import torch
-from torch import nn
+import torch.autograd.forward_ad as fwAD
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .arguments import TENSOR, flatten, fresh_input, unflatten
@@ -32,8 +32,11 @@ def checkpoint_reentrant(fn, args, kwargs, guards, forward_context):
     inputs = [v for v in flat if isinstance(v, torch.Tensor)]
     call = _ReentrantCall(fn, spec, [TENSOR if isinstance(v, torch.Tensor) else v
                                      for v in flat], guards)
-    forward = run_forward(fn, args, kwargs, inputs, guards, call.pack, call.unpack,
-                          forward_context)
+    try:
+        forward = run_forward(fn, args, kwargs, inputs, guards, call.pack, call.unpack,
+                              forward_context)
+    finally:
+        call.running = False
     if forward.before:
         raise CheckpointError(
             f"impl='reentrant': the function reads a tensor that requires grad and has a "
@@ -64,6 +67,13 @@ class _Reentrant(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
+    def jvp(ctx, *tangents):
+        """Forward-mode AD: the forward ran on the dual tensors, so its outputs' tangents are
+        already computed, from these very tangents."""
+        found, ctx.call.tangents = ctx.call.tangents, None
+        return tuple(found)
+
+    @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
         call.guards.check(call.saved)                       # before autograd's own check
@@ -79,19 +89,26 @@ class _ReentrantCall:
         self.saved: list = []                        # version probes only, nothing kept
         self.outputs = self.differentiable = self.meta = self.digests = None
         self.params: list = []
+        self.running = True                          # the forward has not returned yet
 
     # ---------------------------------------------------------------------- forward
     def pack(self, t):
         """Forward: keep nothing of ``t``, only a record to probe its version."""
         return record(self.saved, t)
 
-    @staticmethod
-    def unpack(h):
-        """Refuse: nothing was kept (the function differentiated inside its forward)."""
+    def unpack(self, h):
+        """Refuse: nothing was kept of what the forward saved."""
+        if self.running:
+            raise CheckpointError(
+                "impl='reentrant' keeps nothing the forward saves, so the checkpointed function "
+                "cannot differentiate inside itself (torch.autograd.grad in its forward); use "
+                "impl='hooks'.")
         raise CheckpointError(
-            "impl='reentrant' keeps nothing the forward saves, so the checkpointed function "
-            "cannot differentiate inside itself (torch.autograd.grad in its forward); use "
-            "impl='hooks'.")
+            "impl='reentrant': backward reached a tensor the checkpointed function made but did "
+            "not return (stored on a module or an object, e.g. an auxiliary loss kept as "
+            "self.aux_loss); the reentrant design keeps nothing of the forward but what it "
+            "returns. Return it from the function (out, aux = f(x)), or use impl='hooks', which "
+            "recomputes it.")
 
     def keep(self, outs: list, params: list):
         """After the forward: what the node hands on and what its recompute is checked against."""
@@ -100,26 +117,42 @@ class _ReentrantCall:
         if self.guards.fingerprint:
             self.digests = [fingerprint_of(o) for o in outs]
         self.differentiable = [o.requires_grad for o in outs]
+        self.tangents = [fwAD.unpack_dual(o).tangent for o in outs] \
+            if fwAD._current_level >= 0 else [None] * len(outs)
         self.outputs = [o.detach() for o in outs]
 
     # --------------------------------------------------------------------- backward
     def backward(self, inputs, grads):
         """Recompute, check, differentiate: the gradients of the inputs, then of the params."""
+        if torch.is_grad_enabled():
+            raise CheckpointError(
+                "impl='reentrant' cannot take part in a backward with create_graph=True (a "
+                "gradient penalty, MAML, a Hessian-vector product): its gradients come from a "
+                "graph of their own, so differentiating them again sums the two passes in "
+                "another order than plain autograd, and the result differs in its last bits. "
+                "Use impl='hooks', which differentiates the forward's own graph.")
         fresh = [fresh_input(t) for t in inputs]
-        outs, params = self.recompute(fresh)
-        self.check_outputs(outs)
-        self.check_params(params)
-        return self.differentiate(outs, grads, fresh)
+        try:
+            outs, params = self.recompute(fresh)
+            self.check_outputs(outs)
+            leaves = self.leaves_read(params)
+        except CheckpointError as e:
+            raise self.guards.explain(e) from None
+        return self.differentiate(outs, grads, fresh, leaves)
 
     def recompute(self, fresh: list) -> tuple[list, list]:
         """Re-run the function on ``fresh`` inputs: its output tensors and the leaves it read.
         Its saved tensors go through `_versioned`/`_unpack_checked` (plain autograd's check,
-        with a message that says what to do)."""
+        with a message that says what to do). A hook it registers on an input is dropped:
+        the forward registered it on the real input, which gets the gradient after this."""
         args, kwargs = self.arguments(fresh)
         since = torch._C._autograd._get_sequence_nr()
         with self.guards.recomputing(), \
                 torch.autograd.graph.saved_tensors_hooks(_versioned, _unpack_checked):
             out = self.fn(*args, **kwargs)
+        for t in fresh:
+            if isinstance(t, torch.Tensor) and t.requires_grad and t._backward_hooks:
+                t._backward_hooks.clear()
         outs = [o for o in flatten(out)[0] if isinstance(o, torch.Tensor)]
         params, _ = graph_leaves([o for o in outs if o.requires_grad], since, fresh)
         return outs, params
@@ -143,17 +176,32 @@ class _ReentrantCall:
                     if d is not None]
             check_digests(rows, lambda k: f"impl='reentrant': output {k} {describe(outs[k])}")
 
-    def check_params(self, params: list):
-        """Refuse a recompute that did not read a parameter the forward read (replaced)."""
-        read = {id(p) for p in params}
-        for p in self.params:
-            if id(p) not in read and isinstance(p, nn.Parameter):
-                raise replaced_parameter(f"impl='reentrant': the forward read {describe(p)},")
+    def leaves_read(self, params: list) -> list:
+        """The recompute's leaf for each leaf the forward read, in the forward's order.
 
-    def differentiate(self, outs, grads, fresh) -> tuple:
+        Mostly the same objects. A leaf the function creates itself (a scale made with
+        ``requires_grad=True``) is another object the second time: it stands in for the
+        forward's if it holds the same values, so the forward's leaf gets the gradient. Any
+        other leaf the recompute did not read was replaced since the forward: refused."""
+        read = {id(p) for p in params}
+        missing = [p for p in self.params if id(p) not in read]
+        if not missing:
+            return self.params
+        known = {id(p) for p in self.params}
+        new = [p for p in params if id(p) not in known]
+        same = len(new) == len(missing) and all(
+            meta_of(a) == meta_of(b) and torch.equal(a, b) for a, b in zip(missing, new))
+        if not same:
+            raise replaced_parameter(
+                f"impl='reentrant': the forward read {describe(missing[0])}, a tensor requiring "
+                "grad (a parameter?) that the recompute did not read; it is")
+        stand_in = dict(zip(map(id, missing), new))
+        return [stand_in.get(id(p), p) for p in self.params]
+
+    def differentiate(self, outs, grads, fresh, leaves) -> tuple:
         """The recompute's gradients for the inputs that require grad, then the parameters."""
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
-        wrt = [t for t in fresh if t.requires_grad] + self.params
+        wrt = [t for t in fresh if t.requires_grad] + leaves
         found = [None] * len(wrt)
         if pairs and wrt:
             found = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
