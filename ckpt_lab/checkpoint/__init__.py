@@ -10,6 +10,7 @@ folder: the design notes, numbered, one per guard, to which every module here po
 from __future__ import annotations
 
 import inspect
+import numbers
 import sys
 import types
 
@@ -139,10 +140,11 @@ def segment_starts(num_layers: int, segments: int | None = None,
     if (segments is None) == (boundaries is None):
         raise ValueError("pass exactly one of segments=<int> or boundaries=<list of starts>")
     if segments is not None:
-        if isinstance(segments, bool) or not isinstance(segments, int) \
+        if isinstance(segments, bool) or not isinstance(segments, numbers.Integral) \
                 or not 1 <= segments <= num_layers:
             raise ValueError(f"segments must be an int between 1 and the number of layers "
                              f"({num_layers}), got {segments!r}")
+        segments = int(segments)
         size = num_layers // segments
         return [i * size for i in range(segments)]
     starts = [int(b) for b in boundaries]

@@ -156,7 +156,7 @@ CASES += [
     Case(8, "counter in a forward pre-hook", fc.pre_hook_counter,
          _expect(WRONG, WRONG, RIGHT, RIGHT), guard="plain attributes replayed"),
     Case(8, "hook registered and removed inside", fc.hook_inside,
-         _expect(WRONG, RIGHT, RIGHT, RIGHT), guard="no early stop past a hook registration",
+         _expect(WRONG, RIGHT, RIGHT, RIGHT), guard="hooks an early stop leaves removed",
          notes="an early stop skips the removal: the hook stays on the module"),
     Case(9, "gradient penalty (create_graph=True)", fc.gradient_penalty,
          _expect(RIGHT, REFUSES, RIGHT, REFUSES), guard="create_graph refused by reentrant",

@@ -23,28 +23,18 @@ from .arguments import TENSOR, fresh_input
 from .early_stop import WATCHED, StopAtOp, StopRecompute
 from .fingerprint import check_digests, fingerprint_of
 from .guards import CheckpointError, Guards, describe, describe_meta
-from .module_state import own_hooks
 from .recording import check_count, check_meta, record, replaced_parameter, run_forward, take
 
 
 def checkpoint_hooks(fn, args, kwargs, inputs, guards, forward_context, early_stop):
     """Design 2 with the checks; the forward's graph adds the parameters it read to them."""
     frame = _Frame(fn, args, kwargs, guards, early_stop)
-    hooks = _hooks_registered()
     try:
         forward = run_forward(fn, args, kwargs, inputs, guards, frame.pack, frame.unpack,
                               forward_context)
     finally:
         frame.running = False
-    if _hooks_registered() != hooks:
-        frame.early_stop = False                  # it may remove them after its last save
     return forward.out
-
-
-def _hooks_registered() -> int:
-    """How many hooks (module, global, tensor, node: every `RemovableHandle`) were registered
-    so far, those of the checkpoints' own watch aside (early stop, note 11)."""
-    return RemovableHandle.next_id - own_hooks()
 
 
 class _Frame:
@@ -84,11 +74,15 @@ class _Frame:
         args, kwargs = self.inputs()
         run = _Recompute(self.saved, self.running, self.early_stop or self.running,
                          self.guards.trace)
+        first_hook = RemovableHandle.next_id
         try:
             run.run(self.fn, args, kwargs, self.guards)
             run.finish()
         except CheckpointError as e:
             raise self.guards.explain(e) from None
+        if run.stopped and RemovableHandle.next_id != first_hook:
+            # a hook the function registers and removes after its last save (note 11)
+            self.guards.state.drop_hooks_since(first_hook)
         if torch._C._current_graph_task_id() != -1:
             # Free, when this backward ends, what it recomputed but did not use up (tensors
             # kept for a custom Function, backward(inputs=...) on part of the graph).
@@ -117,6 +111,7 @@ class _Recompute:
         self.trace = trace                        # debug.Trace with debug=True
         self.n = len(saved)                       # during the forward: those saved so far
         self.count = 0                            # saves seen so far in this run
+        self.stopped = False                      # ended early, by `StopRecompute`
         self.digests = []                         # (index, forward's, recompute's, node)
         # How to stop: at the last save itself if the last saved tensors all require grad
         # (no op writes into those after saving them), else at the next op boundary.
@@ -135,7 +130,7 @@ class _Recompute:
                     self._watch(mid_op=False)
                 fn(*args, **kwargs)
             except StopRecompute:
-                pass
+                self.stopped = True
             finally:
                 if self.stopper.active:
                     self.stopper.__exit__(None, None, None)

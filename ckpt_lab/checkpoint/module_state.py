@@ -51,6 +51,7 @@ copies per layer and ``planner.step_peak_bytes`` counts each where it lives.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 
 import torch
@@ -64,12 +65,6 @@ def _watching() -> list:
     if not hasattr(_local, "states"):
         _local.states = []
     return _local.states
-
-
-def own_hooks() -> int:
-    """How many hooks the checkpoints' own watch registered in this thread (`hooks` tells a
-    hook the checkpointed function registers from these)."""
-    return getattr(_local, "hooks", 0)
 
 
 def saw_saved(t: torch.Tensor):
@@ -125,7 +120,6 @@ class ModuleState:
         self.ran = set()
         hook = nn.modules.module.register_module_forward_pre_hook(
             lambda module, args: self.ran.add(id(module)))
-        _local.hooks = own_hooks() + 1
         try:
             yield
         finally:
@@ -167,6 +161,18 @@ class ModuleState:
     def parameters_read(self) -> list:
         """After the forward: the parameters of the modules that ran in it."""
         return [p for _, _, p in self.params]
+
+    def drop_hooks_since(self, first: int):
+        """Remove the hooks registered since the handle id ``first`` (by a recompute that
+        stopped early, before the function removed them) from these modules and the global
+        module hooks."""
+        tables = [v for m, _ in self.attributes for k, v in vars(m).items()
+                  if "hooks" in k and isinstance(v, dict)]
+        tables += [v for k, v in vars(nn.modules.module).items()
+                   if k.startswith("_global_") and "hooks" in k and isinstance(v, dict)]
+        for table in tables:
+            for key in [k for k in table if isinstance(k, int) and k >= first]:
+                del table[key]
 
     def check(self, error=RuntimeError):
         """Refuse a buffer that was modified in place between forward and backward."""
@@ -222,6 +228,9 @@ class ModuleState:
 
 def _swap_attributes(now: dict, entry: dict, undo: list):
     """Set a module's attributes back to the objects they were at the forward's entry."""
+    if len(now) == len(entry) and all(map(operator.is_, now.values(), entry.values())) \
+            and all(map(operator.is_, now, entry)):
+        return                             # nothing changed (the usual case): a loop in C
     for name, value in entry.items():
         held = now.get(name, _MISSING)
         if held is not value:

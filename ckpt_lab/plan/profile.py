@@ -42,6 +42,7 @@ objects and their values) and the random number generators are restored afterwar
 """
 from __future__ import annotations
 
+import numbers
 import time
 import weakref
 from dataclasses import dataclass
@@ -467,7 +468,7 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
     predicts the step's `allocator_peak_bytes`. Every layer then runs under
     ``torch.profiler``, which refuses to start inside another profiler.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
         raise ValueError("repeats must be an int >= 1")
     named = _named(layers)
     if not isinstance(x, torch.Tensor):
