@@ -336,6 +336,30 @@ def test_policy_is_passed_to_checkpoint():
     assert kept[None] < kept["save_matmuls"] < kept["plain"]
 
 
+def test_context_fn_determinism_check_and_debug_are_passed_to_checkpoint():
+    """PyTorch's selective contexts run under checkpoint_modules, as under checkpoint; bad
+    options are refused when the modules are wrapped, not at the first step."""
+    import functools
+    model = gpt(dropout=0.0)
+    run = lambda: model(IDX, TGT)  # noqa: E731
+    plain = grads(model, run)
+    asked = []
+
+    def policy(ctx, op, *args, **kwargs):
+        asked.append(op)
+        return tuc.CheckpointPolicy.PREFER_RECOMPUTE
+
+    context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, policy)
+    with checkpoint_modules(model, Block, context_fn=context_fn, determinism_check="fingerprint",
+                            debug=True):
+        assert same(plain, grads(model, run))
+    assert asked
+    with pytest.raises(ValueError, match="determinism_check"):
+        checkpoint_modules(model, Block, determinism_check="bits")
+    with pytest.raises(ValueError, match="not both"):
+        checkpoint_modules(model, Block, context_fn=context_fn, policy="save_matmuls")
+
+
 class _ScaledBlock(nn.Module):
     def __init__(self):
         super().__init__()
