@@ -168,7 +168,7 @@ class SegmentsExplorer(Explorer):
                                 logs[segments])
         self._draw(result)
         self.text.value = (
-            f"<b>{layers} layers, {segments} segments</b>: step peak (activations) measured "
+            f"<b>{layers} blocks, {segments} segments</b>: step peak (activations) measured "
             f"{fmt_bytes(result.peak_bytes)}, predicted {fmt_bytes(result.predicted_bytes)} "
             f"(ratio {result.ratio:.3f}); least measured peak at {best} segments, formula's "
             f"optimum {result.predicted_best} (sqrt(L) = {layers ** 0.5:.1f}).")
@@ -181,7 +181,7 @@ class SegmentsExplorer(Explorer):
         ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="tab:gray", label="predicted")
         ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="black", ms=4, label="measured")
         ax.axvline(r.segments, color="gray", ls=":", label=f"chosen: {r.segments}")
-        _label(ax, title=f"Step peak (activations) vs segments ({r.layers} layers)",
+        _label(ax, title=f"Step peak (activations) vs segments ({r.layers} blocks)",
                xlabel="segments", ylabel="step peak (MiB)")
         ax = self.ax_time
         ax.clear()
