@@ -221,7 +221,9 @@ class SeqExplorer(Explorer):
     """Activation bytes of one GPT block against sequence length T: the T^2 term takes over."""
 
     def __init__(self, seq=64, batch=4, n_embd=128, n_head=4, max_seq=256, step=16,
-                 device=None):
+                 device=None, measure_at=()):
+        """``measure_at``: lengths measured up front, so the first figure (the one a static
+        page keeps) already shows points across T."""
         self.device = pick_device(device)
         self.batch, self.n_embd, self.n_head, self.max_seq = batch, n_embd, n_head, max_seq
         self.mask_bytes = dropout_mask_bytes(self.device)
@@ -229,6 +231,9 @@ class SeqExplorer(Explorer):
         torch.manual_seed(0)
         self.block = Block(config).to(self.device)
         self.measured: dict[int, int] = {}
+        for length in measure_at:
+            _slider("measure_at", length, 1, max_seq)          # the same bounds as the slider's
+            self.measure(length)
         super().__init__({"seq_len": _slider("seq_len", seq, step, max_seq, step)},
                          figsize=(7, 3.6))
         self.ax = self.figure.subplots()
