@@ -17,7 +17,7 @@ from ckpt_lab import CheckpointError, checkpoint, track_memory
 
 from ckpt_lab.checkpoint.cases import (CASES, LESSON_ROWS, REFUSES, RIGHT, WRONG, Case,
                                          outcome, reference)
-from conftest import same
+from oracle import same
 
 FAST = [c for c in CASES if not c.slow]
 OURS = ["ckpt_lab hooks", "ckpt_lab reentrant"]

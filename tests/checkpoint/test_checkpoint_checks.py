@@ -16,7 +16,7 @@ from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
 from ckpt_lab.checkpoint.guards import probe
 
 from custom_functions import ReadsTwice
-from conftest import same
+from oracle import same
 
 IMPLS = ["hooks", "reentrant"]
 

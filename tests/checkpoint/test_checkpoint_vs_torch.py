@@ -15,7 +15,7 @@ import ckpt_lab
 from ckpt_lab import checkpoint
 
 from custom_functions import ReadsTwice
-from conftest import same
+from oracle import same
 
 
 def test_the_module_is_a_module_and_calling_it_checkpoints():

@@ -13,7 +13,7 @@ from ckpt_lab import checkpoint_modules, track_memory
 from ckpt_lab.training.models import GPT, Block, GPTConfig
 from ckpt_lab.checkpoint.wrap import matched_modules
 from ckpt_lab.plan.module_planner import profile_modules
-from conftest import same
+from oracle import same
 
 IMPLS = ["hooks", "reentrant"]
 

@@ -27,17 +27,20 @@ def test_prose_words_count_what_a_learner_reads():
 
 
 def test_study_minutes_follow_the_documented_rule():
-    words = " ".join(["word"] * 300)                       # 2 minutes at 150 words a minute
-    nb = notebook(md(words), code("x = 1"), code("y = 2"),  # 2 x 1.5 minutes
-                  md("**1.** A question"), code('answer = None\nexercises.check("03.a", answer);'),
-                  md("**2.** Another"), code('answer = None\nexercises.check("03.b", answer)'),
+    words = " ".join(["word"] * 240)                       # 2 minutes at 120 words a minute
+    hidden = code("with course.claims('x') as c:\n    c.true('y', True)")
+    hidden.metadata = {"tags": ["hide-input"], "jupyter": {"source_hidden": True}}
+    nb = notebook(md(words), code("x = 1\n# a comment\n\ny = 2"), hidden,   # 2 visible lines
+                  md("**1.** Predict"), code('guess = exercises.predict("03.a", None)'),
+                  md("**2.** Build"), code('def f():\n    ...\nexercises.check("03.b", f)'),
                   code('exercises.check("03.b", 5)'))     # the same exercise again
     assert course_map.exercise_keys(nb) == ["03.a", "03.b"]
-    minutes = 300 / course_map.WORDS_PER_MINUTE + 2 * course_map.MINUTES_PER_CODE_CELL \
-        + 2 * course_map.MINUTES_PER_EXERCISE                # 2 + 3 + 20 = 25
-    assert course_map.study_minutes(nb) == 25 == round(minutes / 5) * 5
+    assert course_map.visible_code_lines(nb) == 2 + 1 + 3 + 1
+    minutes = (240 / course_map.WORDS_PER_MINUTE + 7 * course_map.SECONDS_PER_CODE_LINE / 60
+               + course_map.MINUTES_PER_PREDICTION + course_map.MINUTES_PER_BUILD_TASK)
+    assert course_map.study_minutes(nb) == 35 == round(minutes / 5) * 5     # 2 + 1.5 + 10 + 20
     assert course_map.study_minutes(notebook(md("one word"))) == course_map.ROUND_TO
-    assert "150" in course_map.STUDY_RULE and "10 min per exercise" in course_map.STUDY_RULE
+    assert "120" in course_map.STUDY_RULE and "20 min per build task" in course_map.STUDY_RULE
 
 
 def test_every_lesson_gets_a_study_time_and_the_course_lists_them_in_order():

@@ -28,7 +28,7 @@ md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
 # Every anchor the glossary promises (lessons link them); renaming a heading breaks this list.
 GLOSSARY_ANCHORS = [
     "activation", "saved-tensor", "model-state", "tensor-bytes", "allocator-bytes",
-    "reserved-bytes", "step-peak", "kept-bytes", "activation-model", "step-model", "budget", "gb-and-gib", "checkpoint",
+    "reserved-bytes", "step-peak", "total-peak", "kept-bytes", "activation-model", "step-model", "budget", "gb-and-gib", "checkpoint",
     "recompute", "layer", "block", "chain", "segment", "segments-of-k-blocks", "every-k-th-block",
     "full-recomputation", "selective-recomputation", "selective-activation-checkpointing",
     "early-stop", "reentrant", "non-reentrant", "saved-tensor-hooks", "pareto-front", "offload",
