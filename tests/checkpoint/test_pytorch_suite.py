@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
-from conftest import same
+from oracle import same
 
 IMPLS = ["hooks", "reentrant"]
 
