@@ -273,7 +273,8 @@ OUTCOMES = {
                                         " under an "
                                         f"{_g('activation memory budget', 'activation-memory-budget')}"
                                         ", measure its step peak, step time and compile time "
-                                        "apart, and pick the budget that fits",
+                                        "apart, and read what the partitioner saves from its "
+                                        "graphs",
     "14_the_loss_at_large_vocabularies": "find the step peak in the loss of a large "
                                          "vocabulary, write a "
                                          f"{_g('chunked cross-entropy', 'chunked-cross-entropy')} "

@@ -9,7 +9,10 @@ the models and the situations and measures a training step:
 * `tiny_model`: a Llama-style or GPT-2-style causal LM from a config; `block_class` finds its
   repeated decoder layer (what `ckpt_lab.checkpoint_modules` matches).
 * `train_step`: one forward and backward under `track_memory`, with a fixed dropout seed:
-  the loss, every gradient, bytes alive after the forward and the step's peak.
+  the loss, every gradient, bytes alive after the forward and the step's peak, with the
+  gradients made in the backward (PyTorch's default, ``zero_grad(set_to_none=True)``: the
+  step peak (activations + gradients)) or allocated before the step as model state
+  (``grads_allocated=True``: the step peak (activations)).
 * `measure_cache`: what ``use_cache=True`` costs in training, with ``torch.utils.checkpoint``
   applied by hand the way older training code did (the model's own switch and
   `checkpoint_modules` both refuse the combination, so it cannot be shown through them).
@@ -21,6 +24,7 @@ the models and the situations and measures a training step:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import warnings
@@ -33,6 +37,10 @@ from torch import nn
 from ckpt_lab.measure.memory import track_memory
 
 KINDS = ("llama", "gpt2")
+
+# peft imports bitsandbytes, whose CPU backend logs a warning about an optional kernel package
+# that lesson 11 never uses; lesson 8's finetune module silences the same logger.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def _transformers():
@@ -117,9 +125,19 @@ class StepResult:
     peak_bytes: int
 
 
-def train_step(model, ids, use_cache: bool = False, seed: int = 0) -> StepResult:
-    """Forward with labels and backward under `track_memory`, with a fixed dropout seed."""
+def train_step(model, ids, use_cache: bool = False, seed: int = 0,
+               grads_allocated: bool = False) -> StepResult:
+    """Forward with labels and backward under `track_memory`, with a fixed dropout seed.
+
+    The gradients are made in the backward (``zero_grad(set_to_none=True)``, PyTorch's
+    default), so the peak is the step peak (activations + gradients); with
+    ``grads_allocated=True`` every trainable parameter's gradient is allocated (zeros) before
+    the step, as model state, and the peak is the step peak (activations)."""
     model.zero_grad(set_to_none=True)
+    if grads_allocated:
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
     torch.manual_seed(seed)
     with track_memory() as mem:
         out = model(input_ids=ids, labels=ids, use_cache=use_cache)

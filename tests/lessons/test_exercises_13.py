@@ -17,7 +17,8 @@ def _one(one_thread):
 
 
 def test_keys_are_the_lessons_exercises():
-    assert exercises.keys(13) == ["13.low_budget_peak", "13.budget_reused", "13.pick_budget"]
+    assert exercises.keys(13) == ["13.low_budget_peak", "13.budget_reused",
+                                  "13.saved_for_backward"]
     assert all(exercises.EXERCISES[k].expected is not None for k in exercises.keys(13)[:2])
 
 
@@ -53,59 +54,56 @@ def test_budget_reused_is_the_first_compile(capsys):
     assert "its guards check the inputs" in capsys.readouterr().out
 
 
-def _scan(peak_at, limit, budgets):
-    for b in budgets:
-        if peak_at(b) <= limit:
-            return b
-    return None
+def _recorder(count_loss=False, count_inputs=False, use_budget=True):
+    """saved_for_backward, written out, with one switch per mistake the judge must catch."""
+    import torch
+    import torch._functorch.config as functorch_config
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    def saved_for_backward(loss_fn, model, x, budget):
+        graphs = []
+
+        def keep(gm, example_inputs):
+            graphs.append(gm)
+            return make_boxed_func(gm.forward)
+        backend = aot_autograd(fw_compiler=keep, bw_compiler=keep,
+                               partition_fn=min_cut_rematerialization_partition)
+        with functorch_config.patch(activation_memory_budget=budget if use_budget else 1.0):
+            torch.compile(loss_fn, backend=backend)(model, x).backward()
+        outputs = graphs[0].graph.find_nodes(op="output")[0].args[0]
+        return sum(n.meta["val"].numel() * n.meta["val"].element_size()
+                   for n in outputs[0 if count_loss else 1:]
+                   if count_inputs or n.op != "placeholder")
+    return saved_for_backward
 
 
-def _least(peak_at, limit, budgets):
-    fitting = [b for b in budgets if peak_at(b) <= limit]
-    return fitting[-1] if fitting else None
-
-
-def _measure_all(peak_at, limit, budgets):
-    fitting = [b for b in budgets if peak_at(b) <= limit]
-    return fitting[0] if fitting else None
-
-
-def _bisect(peak_at, limit, budgets):
-    """Assumes the step peak falls as the budget falls: the wrong model of the partitioner."""
-    if peak_at(budgets[0]) <= limit:
-        return budgets[0]
-    lo, hi = 0, len(budgets) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if peak_at(budgets[mid]) <= limit:
-            hi = mid
-        else:
-            lo = mid + 1
-    return budgets[lo] if peak_at(budgets[lo]) <= limit else None
-
-
-def _stub(peak_at, limit, budgets):
+def _stub(loss_fn, model, x, budget):
     ...
 
 
-def test_pick_budget_accepts_the_scan_and_diagnoses_wrong_searches(capsys):
-    # the measured peaks are not monotone in the budget: least at a middle budget
-    peaks = [lesson13.measured(b)[1] for b in lesson13.TASK_BUDGETS]
-    low = peaks.index(min(peaks))
-    assert 0 < low < len(peaks) - 1 and peaks[-1] > peaks[0]
-    assert exercises.check("13.pick_budget", _scan) is True
-    for wrong in (_least, _measure_all, _bisect, _stub, 3):
-        assert exercises.check("13.pick_budget", wrong) is False, wrong
+def test_saved_for_backward_reads_the_partition_and_diagnoses_wrong_counts(capsys):
+    # worked out independently: N = 1,024 rows of H = 256 fp32 are 1 MiB; at 1.0 the forward
+    # keeps 15 of them, at 0.5 seven, at 0.1 one (the allocator's count, less the loss)
+    assert [lesson13.kept_for_backward(b) for b in lesson13.TASK_BUDGETS] == [15 * MIB, 7 * MIB,
+                                                                            1 * MIB]
+    assert exercises.check("13.saved_for_backward", _recorder()) is True
+    wrong = {"the loss": _recorder(count_loss=True),
+             "the inputs": _recorder(count_inputs=True),
+             "no budget": _recorder(use_budget=False)}
+    for name, answer in wrong.items():
+        assert exercises.check("13.saved_for_backward", answer) is False, name
+    assert exercises.check("13.saved_for_backward", _stub) is False
+    assert exercises.check("13.saved_for_backward", 3) is False
     out = capsys.readouterr().out
-    assert "recomputes less" in out                       # the least budget that fits
-    assert "where 1 suffice" in out                       # measured every budget
-    assert "a bisection can skip the answer" in out
+    assert "first output is the loss" in out and "placeholders" in out
+    assert "as at budget 1.0" in out
     assert "not answered yet" in out and "Pass your function itself" in out
 
 
-def test_an_unanswered_task_is_told_before_any_compile(monkeypatch):
+def test_an_unanswered_task_is_told_before_any_measurement(monkeypatch):
     monkeypatch.setattr(lesson13, "measured", lambda b: pytest.fail("measured an unanswered task"))
-    assert exercises.check("13.pick_budget", _stub) is False
+    assert exercises.check("13.saved_for_backward", _stub) is False
 
 
 def test_in_your_code_budget_line_runs_when_pasted():

@@ -52,6 +52,19 @@ def test_checkpoint_modules_matches_plain_and_the_models_own_switch(kind):
     assert hf.same_grads(plain, again) and again.kept_bytes == plain.kept_bytes
 
 
+def test_grads_allocated_takes_the_gradients_out_of_the_step_peak():
+    """The two step peaks of the notation: gradients made in the backward (activations +
+    gradients) or allocated before the step as model state (activations)."""
+    model = hf.tiny_model("llama")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=NO_REENTRANT)
+    made = hf.train_step(model, IDS)
+    allocated = hf.train_step(model, IDS, grads_allocated=True)
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert hf.same_grads(made, allocated) and made.kept_bytes == allocated.kept_bytes
+    assert made.peak_bytes > made.kept_bytes + grads        # every gradient is in this one
+    assert allocated.peak_bytes < made.peak_bytes - grads / 2
+
+
 def test_the_deprecated_name_still_turns_the_same_switch():
     """transformers 5 renamed gradient_checkpointing_enable; the old name warns and does the same."""
     model = hf.tiny_model("llama")

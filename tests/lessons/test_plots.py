@@ -298,6 +298,8 @@ def test_segment_plans_and_live_per_op_draw_what_they_are_given():
     # neighbouring segments stay apart: every other one hatched, each labelled with its layers
     assert [bool(p.get_hatch()) for p in bars] == [False, False, True]
     assert [t.get_text() for t in fig.axes[0].texts] == ["1–2", "1", "2"]
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "hatched only to tell them apart" in legend[1] and legend[2] == "stage boundary"
     fig = plots.live_per_op({"A": [plots.MIB, 3 * plots.MIB]}, predicted={"A": 4 * plots.MIB})
     ax = fig.axes[0]
     assert list(ax.get_lines()[0].get_ydata()) == [1, 3] and ax.get_lines()[1].get_ydata()[0] == 4

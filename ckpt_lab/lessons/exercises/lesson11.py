@@ -4,7 +4,9 @@ Three committed predictions, each measured the way the lesson measures it, at th
 sizes (the Hugging Face models are the same on every device; the GPT block is lesson 11's
 CPU-size block), and one build task: a context function for PyTorch's selective API that keeps
 every second matmul's output, run through ``torch.utils.checkpoint`` on blocks of two kinds and
-judged on its gradients (bitwise against plain autograd) and on the bytes it keeps.
+judged on its gradients (bitwise against plain autograd) and on the bytes it keeps. The third
+prediction asks what share of the bytes that policy keeps, measured without a policy: the
+matmul outputs' sizes, recorded in the order the block makes them.
 """
 from __future__ import annotations
 
@@ -26,14 +28,15 @@ def _quiet_transformers():
 
 @functools.lru_cache(maxsize=None)
 def peak_drop() -> float:
-    """Measured: plain step peak / peak with Hugging Face's own switch, tiny Llama, CPU."""
+    """Measured: plain step peak (activations) / the one with Hugging Face's own switch, tiny
+    Llama, CPU; the gradients allocated before each step, as model state."""
     from ckpt_lab.lessons import hf
     _quiet_transformers()
     model = hf.tiny_model("llama", layers=LAYERS)
     ids = hf.token_batch(BATCH, SEQ, VOCAB)
-    plain = hf.train_step(model, ids)
+    plain = hf.train_step(model, ids, grads_allocated=True)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    checkpointed = hf.train_step(model, ids)
+    checkpointed = hf.train_step(model, ids, grads_allocated=True)
     return plain.peak_bytes / checkpointed.peak_bytes
 
 
@@ -42,15 +45,17 @@ def _peak_drop(answer):
     if value <= 0:
         return False, "Give a factor above 0: the plain peak divided by the checkpointed one."
     if abs(math.log(value / expected)) <= math.log(1.25):
-        return True, (f"x{expected:.2f} measured. The kept bytes fell far more; the peak is set "
-                      "in the backward, where every gradient and one recomputed layer live.")
+        return True, (f"x{expected:.2f} measured. The kept bytes fell further: the step peak "
+                      "comes in the backward, where the kept inputs, one recomputed layer and "
+                      "the logits' gradient are alive at once.")
     if value > expected:
         return False, (f"Too high: x{expected:.2f} measured. The kept bytes fell about that much, "
-                       "but the peak comes in the backward: the gradients of every weight, the "
-                       "logits' gradient and one recomputed layer are alive there at once.")
-    return False, (f"Too low: x{expected:.2f} measured. In the plain step most of the peak is the "
-                   "activations the forward keeps; checkpointing removes all but each layer's "
-                   "input, so the peak does fall.")
+                       "but the step peak comes in the backward: the kept inputs, one recomputed "
+                       "layer and the logits' gradient are alive there at once.")
+    return False, (f"Too low: x{expected:.2f} measured. In the plain step most of the step peak "
+                   "is the activations the forward keeps; checkpointing removes all but each "
+                   "layer's input, so it falls several-fold. (Counted with the gradients made in "
+                   "the backward, it falls by less.)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,39 +110,49 @@ def save_matmuls(ctx, op, *args, **kwargs):
             else CheckpointPolicy.PREFER_RECOMPUTE)
 
 
+def _matmul_output_bytes(block, x) -> list[int]:
+    """Bytes of each matmul output of one forward of ``block``, in the order they are made."""
+    with torch.no_grad(), _MatmulOutputs() as seen:
+        block(x)
+    return seen.sizes
+
+
 @functools.lru_cache(maxsize=None)
-def saved_matmul_share() -> float:
-    """Measured: of the matmul FLOPs a full recompute adds to a step of the lesson's GPT block
-    (dropout 0.1), the share a selective checkpoint with `save_matmuls` adds (FlopCounterMode,
-    which counts matmuls)."""
+def every_second_share() -> float:
+    """Measured: what keeping the 1st, 3rd, 5th ... matmul output keeps, as a share of what
+    `save_matmuls` keeps, on the lesson's GPT block (its input kept by both). `save_matmuls`'
+    bytes come from a checkpointed step; the every-second policy's from the block's input (a
+    full recompute's kept bytes) plus its odd matmul outputs, recorded without any policy."""
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     from ckpt_lab.lessons import stack
     block, x = gpt_block()
     selective = functools.partial(create_selective_checkpoint_contexts, save_matmuls)
-    plain = stack.measure("plain", block, block, x)
     full = stack.measure("full", lambda t: checkpoint(block, t, use_reentrant=False), block, x)
     sac = stack.measure("sac", lambda t: checkpoint(block, t, use_reentrant=False,
                                                     context_fn=selective), block, x)
-    return (sac.flops - plain.flops) / (full.flops - plain.flops)
+    every_second = full.kept_bytes + sum(_matmul_output_bytes(block, x)[::2])
+    return every_second / sac.kept_bytes
 
 
-def saved_matmul_choice() -> str:
-    """The measured share as the prediction's choice: 'none', 'half' or 'all'."""
-    share = saved_matmul_share()
-    return "none" if share < 0.1 else "all" if share > 0.9 else "half"
+def every_second_choice() -> str:
+    """The measured share as the prediction's choice: 'under half', 'about half', 'over half'."""
+    share = every_second_share()
+    return "under half" if share < 0.45 else "over half" if share > 0.55 else "about half"
 
 
-_saved_matmuls = one_of(
-    ("none", "half", "all"), saved_matmul_choice,
-    right="None: a policy that keeps every matmul's output never runs a matmul again; the "
-          "recompute re-runs only the pointwise ops (GELU, softmax, layer norm, dropout), which "
-          "FlopCounterMode does not count, though they still take time.",
+_every_second_share = one_of(
+    ("under half", "about half", "over half"), every_second_choice,
+    right="Over half: 60%. The policy keeps the outputs of q, k and v (3H per token), the heads "
+          "(H) and the MLP's up projection (4H): 8H of the 14H that save_matmuls keeps, plus the "
+          "block's input (H) in both. Half the matmuls is not half the bytes.",
     wrong="Not what was measured ({expected}).",
-    hints={"half": "Not half: MUST_SAVE on every mm, addmm and bmm stores each of their outputs, "
-                   "so the recompute takes them from storage and runs no matmul: none.",
-           "all": "Not all: that is full recompute. MUST_SAVE on every matmul stores its output, "
-                  "so the recompute re-runs only the ops between matmuls: no matmul FLOPs."},
+    hints={"about half": "Half the matmuls, but not half the bytes: the outputs differ in size. "
+                         "Add up the 1st, 3rd and 5th (3H + H + 4H) against all six (3H + "
+                         "n_h T + H + H + 4H + H, with n_h T = 4H here): over half.",
+           "under half": "Add up what is kept: the 1st, 3rd and 5th outputs are 3H, H and 4H "
+                         "per token, 8H of save_matmuls' 14H (n_h T = 4H here), plus the "
+                         "input in both: over half."},
     normalise=str.lower)
 
 
@@ -176,13 +191,11 @@ class _MatmulOutputs(torch.utils._python_dispatch.TorchDispatchMode):
 
 def _every_second_bytes(model, x) -> int:
     """Bytes of the 1st, 3rd, 5th ... matmul output of each block, counted in each apart."""
-    total = 0
-    with torch.no_grad():
-        h = x
-        for block in model:
-            with _MatmulOutputs() as seen:
-                h = block(h)
-            total += sum(seen.sizes[::2])
+    total, h = 0, x
+    for block in model:
+        total += sum(_matmul_output_bytes(block, h)[::2])
+        with torch.no_grad():
+            h = block(h)
     return total
 
 
@@ -214,12 +227,10 @@ def _every_second_matmul(answer):
     except Exception as e:  # the learner's code: report, do not raise
         return False, f"Your function raised {type(e).__name__}: {e}"
     if contexts is None:
-        return False, ("not answered yet: every_second_matmul returns None. Hint: inside it, "
-                       "make a counter (a fresh one for each checkpoint call), write "
-                       "policy(ctx, op, *args, **kwargs) that counts the matmuls "
-                       "(op.overloadpacket in MATMULS) and answers MUST_SAVE on the 1st, 3rd, "
-                       "5th ..., PREFER_RECOMPUTE otherwise, and return "
-                       "create_selective_checkpoint_contexts(policy).")
+        return False, ("not answered yet: every_second_matmul returns None. It returns "
+                       "create_selective_checkpoint_contexts(policy), for a policy that tells "
+                       "a matmul by op.overloadpacket in MATMULS. Hint: torch.utils.checkpoint "
+                       "calls context_fn once per checkpoint call.")
     if not (isinstance(contexts, tuple) and len(contexts) == 2):
         return False, ("Return the pair create_selective_checkpoint_contexts(policy) gives: a "
                        "forward context and a recompute context.")
@@ -252,22 +263,24 @@ def _every_second_matmul(answer):
     return True, ("both kinds of block, each checkpointed twice in one step: gradients bitwise "
                   "equal to plain autograd, and the kept bytes are the blocks' inputs plus every "
                   "second matmul output, to the byte. This is torchtitan's op-level SAC policy: "
-                  "half the matmul outputs kept, half re-run.")
+                  "half the matmuls kept, half re-run.")
 
 
 EXERCISES = [
     Exercise("11.peak_drop", "A tiny Llama (6 layers, batch 2 x 64 tokens): Hugging Face's own "
              "switch checkpoints every layer. By what factor does the step peak (activations) "
-             "fall (plain step peak / checkpointed step peak)?", _peak_drop, peak_drop),
+             "fall (plain / checkpointed), the weight gradients allocated before the step as "
+             "model state?", _peak_drop, peak_drop),
     Exercise("11.trap_adapters", "The same 6-layer Llama with LoRA (A and B) on q_proj and v_proj "
              "of every layer, everything else frozen, checkpointed with use_reentrant=True and "
              "every_n_layers=3, input grads NOT enabled: how many of the 24 adapter tensors get "
              "a gradient?", _trap_adapters, trap_adapters_with_grad),
-    Exercise("11.saved_matmul_flops", "One GPT block checkpointed with PyTorch's selective API and "
-             "a policy that answers MUST_SAVE for every matmul (mm, addmm, bmm) and "
-             "PREFER_RECOMPUTE for every other op. A full recompute adds a forward's matmul "
-             "FLOPs to the step. How many of those extra matmul FLOPs does the selective step "
-             "pay: 'none', 'half' or 'all'?", _saved_matmuls, saved_matmul_choice),
+    Exercise("11.every_second_share", "Lesson 11's GPT block (H = 64, n_h = 4, T = 64): its six "
+             "matmuls output 3H, n_h T, H, H, 4H and H numbers per token, in that order. A SAC "
+             "policy that keeps only the 1st, 3rd and 5th matmul outputs keeps what share of "
+             "the bytes save_matmuls (every matmul output) keeps, the block's input kept by "
+             "both: 'under half', 'about half' or 'over half'?", _every_second_share,
+             every_second_choice),
     Exercise("11.every_second_matmul", "Build task: write every_second_matmul(), a context_fn "
              "for torch.utils.checkpoint: a fresh policy per checkpoint call that keeps the 1st, "
              "3rd, 5th ... matmul output (mm, addmm, bmm) of that call and recomputes everything "

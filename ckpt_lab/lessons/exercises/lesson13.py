@@ -5,6 +5,11 @@ Two committed predictions and one build task, each measured on the lesson's CPU-
 ``aot_eager_decomp_partition``: the partitioner Inductor uses, so the same choice of what to
 keep, with no C++ compile (about a second a budget instead of several); the lesson asserts that
 its Inductor measurements give the same verdicts.
+
+The build task reads the partitioner's choice from its graphs: the learner writes a backend
+that records the forward and backward graphs AOTAutograd makes and counts the bytes the
+forward saves for the backward. The judge runs it at three budgets and compares each count
+with the allocator's: the bytes still allocated after a forward of the same step.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import torch
 from .base import Exercise, one_of
 
 ROWS, WIDTH, DEPTH = 1024, 256, 8          # the lesson's CPU sizes
-TASK_BUDGETS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+TASK_BUDGETS = (1.0, 0.5, 0.1)             # the build task's, as the lesson's sweep
 BACKEND = "aot_eager_decomp_partition"
 
 
@@ -81,7 +86,8 @@ _low_budget_peak = one_of(
                       "backward: there the partitioner's recompute brings the activations back "
                       "before the first gradient. Measured: not at all.",
            "less": "It does not fall at all: the backward recomputes the whole chain before its "
-                   "first gradient, so the activations are all alive again at once."},
+                   "first gradient, so the activations are all alive again at once, as under "
+                   "one checkpoint segment over the whole chain (lesson 3)."},
     normalise=str.lower)
 
 
@@ -117,98 +123,68 @@ _budget_reused = one_of(
 
 
 # ----------------------------------------------------------------------- the build task
-def _right_answer(peaks: dict, limit: int, budgets) -> float | None:
-    return next((b for b in budgets if peaks[b] <= limit), None)
+LOSS_BYTES = 4                              # the fp32 loss the forward returns, held meanwhile
 
 
-def _cases(peaks: dict) -> list[int]:
-    """Limits that tell a right search from a wrong one: one every budget meets, none does, the
-    lowest peak (several budgets meet it), and one the largest and the smallest fitting budget
-    answer differently."""
-    ordered = sorted(set(peaks.values()))
-    limits = [peaks[TASK_BUDGETS[0]], ordered[0], ordered[0] - 1]
-    for limit in ordered:
-        fitting = [b for b in TASK_BUDGETS if peaks[b] <= limit]
-        if len(fitting) >= 2 and fitting[0] != TASK_BUDGETS[0]:
-            limits.append(limit)
-            break
-    return limits
+def kept_for_backward(budget: float) -> int:
+    """Measured: the bytes the step's forward leaves allocated for the backward at ``budget``
+    (the allocator's count after the forward, less the loss it returns)."""
+    return measured(budget)[0] - LOSS_BYTES
 
 
-class _Measured(Exception):
-    """Raised by the probe's peak_at: the learner's function does measure."""
-
-
-def _unanswered(answer) -> bool:
-    """Whether ``answer`` returns without measuring anything (the lesson's stub does), found
-    before any compile: its peak_at raises at the first call."""
-    def peak_at(budget):
-        raise _Measured
-    try:
-        answer(peak_at, 1, TASK_BUDGETS)
-    except _Measured:
-        return False
-    except NotImplementedError:
-        return True
-    except Exception:  # the learner's code: judged, with its error, on the real measurements
-        return False
-    return True
-
-
-def _pick_budget(answer):
+def _saved_for_backward(answer):
+    from ckpt_lab.lessons import compiled
     if not callable(answer):
-        return False, ("Pass your function itself: check('13.pick_budget', pick_budget), "
-                       "taking (peak_at, limit, budgets).")
-    if _unanswered(answer):
-        return False, ("not answered yet: pick_budget returns without measuring. Hint: walk "
-                       "the budgets from the largest down, measure each with peak_at(budget), "
-                       "and return the first whose peak is at most the limit; None if none is.")
-    peaks = {b: measured(b)[1] for b in TASK_BUDGETS}
-    for limit in _cases(peaks):
-        asked = []
-
-        def peak_at(budget):
-            if budget not in peaks:
-                raise ValueError(f"no measurement at budget {budget!r}; use one of the budgets "
-                                 "given")
-            asked.append(budget)
-            return peaks[budget]
+        return False, ("Pass your function itself: check('13.saved_for_backward', "
+                       "saved_for_backward), taking (loss_fn, model, x, budget).")
+    counted = {}
+    for budget in TASK_BUDGETS:
+        loss_fn = compiled.own_code(_loss)  # a fresh code object: Dynamo compiles anew
         try:
-            got = answer(peak_at, limit, TASK_BUDGETS)
+            got = answer(loss_fn, mlp(), _inputs(), budget)
+        except NotImplementedError:
+            got = None
         except Exception as e:  # the learner's code: report, do not raise
-            return False, f"Your function raised {type(e).__name__}: {e}"
-        want = _right_answer(peaks, limit, TASK_BUDGETS)
-        if got != want:
-            fitting = [b for b in TASK_BUDGETS if peaks[b] <= limit]
-            head = f"limit {limit / 2**20:.2f} MiB: you returned {got!r}, the answer is {want!r}"
-            if got in fitting:
-                return False, (f"{head}. {got!r} fits, but so does {want!r}, which keeps more "
-                               "and recomputes less: the largest budget that fits is the "
-                               "fastest step.")
-            return False, (f"{head} (budgets that fit: {fitting or 'none'}). The step peak is "
-                           "not monotone in the budget, so a bisection can skip the answer: "
-                           "scan from the largest budget down.")
-        needed = len(TASK_BUDGETS) if want is None else TASK_BUDGETS.index(want) + 1
-        if len(set(asked)) > needed:
-            return False, (f"limit {limit / 2**20:.2f} MiB: the right budget, {want!r}, but you "
-                           f"measured {len(set(asked))} budgets where {needed} suffice. Each "
-                           "measurement is a compile: stop at the first budget that fits.")
-    return True, (f"the right budget for {len(_cases(peaks))} limits, each after the fewest "
-                  "measurements: the largest budget that fits is the fastest step that fits.")
+            return False, f"Your function raised {type(e).__name__}: {str(e).splitlines()[0]}"
+        if got is None:
+            return False, ("not answered yet: saved_for_backward returns None. Compile "
+                           "loss_fn with a backend that keeps the graphs it is given, run one "
+                           "step at the budget, and add up what the forward graph saves.")
+        counted[budget] = got
+        want = kept_for_backward(budget)
+        if got == want:
+            continue
+        head = f"budget {budget}: you counted {got:,} bytes, the allocator {want:,}"
+        if budget != 1.0 and got == counted.get(1.0):
+            return False, (f"{head}, as at budget 1.0. The budget is read when the graph is "
+                           "first partitioned: set it around the first call "
+                           "(functorch_config.patch(activation_memory_budget=budget)).")
+        if got == want + LOSS_BYTES:
+            return False, (f"{head}. The forward graph's first output is the loss, which "
+                           "the step returns: the saved tensors are the outputs after it.")
+        if got > want:
+            return False, (f"{head}. Some saved nodes are graph inputs (placeholders: the "
+                           "weights and the batch), allocated before the step: skip them.")
+        return False, (f"{head}. Count every output of the forward graph after the loss that "
+                       "is not a placeholder: numel() x element_size() of its node.meta['val'].")
+    return True, ("the partitioner's choice at budgets 1.0, 0.5 and 0.1, read from its "
+                  "forward graph, to the byte of what the allocator held after the forward.")
 
 
 EXERCISES = [
     Exercise("13.low_budget_peak", "The lesson's MLP step compiled at activation_memory_budget "
              "1.0 and at 0.1: at 0.1 the forward keeps about 15x fewer bytes for the backward. "
-             "How does the step peak move from 1.0 to 0.1: 'as much', 'less' or 'not at all'?",
+             "The partitioner draws no segments: a dropped tensor is rebuilt from the nearest "
+             "kept one when the backward first needs it. How does the step peak (activations + "
+             "gradients) move from 1.0 to 0.1: 'as much', 'less' or 'not at all'?",
              _low_budget_peak, low_budget_peak),
     Exercise("13.budget_reused", "The step was compiled and run at budget 1.0. You set "
              "activation_memory_budget to 0.1 and call the same compiled step again, without "
              "torch._dynamo.reset(). Which budget's choice of saved tensors does it run: 1.0 or "
              "0.1?", _budget_reused, reused_budget),
-    Exercise("13.pick_budget", "Build task: write pick_budget(peak_at, limit, budgets) that "
-             "returns the largest of `budgets` (given from the largest down) whose measured "
-             "step peak, peak_at(budget), is at most `limit` bytes, or None when none is, "
-             "measuring as few budgets as it can (each measurement is a compile).",
-             _pick_budget),
+    Exercise("13.saved_for_backward", "Build task: write saved_for_backward(loss_fn, model, x, "
+             "budget): compile loss_fn with an aot_autograd backend that records the forward "
+             "and backward graphs, run one step at activation_memory_budget=budget, and return "
+             "the bytes the forward graph saves for the backward (graph inputs not counted).",
+             _saved_for_backward),
 ]

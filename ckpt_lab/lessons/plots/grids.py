@@ -149,7 +149,7 @@ def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundari
                   title="Checkpoint segments: the plan requested and what each stage ran"):
     """One row per plan: its checkpointed segments (recomputed: orange) over the layer indices
     [start, end), each labelled with its layers, every other one hatched so that neighbours
-    stay apart; stage boundaries dashed."""
+    stay apart (the legend says so); stage boundaries dashed."""
     fig, ax = _axes(ax, (8, 0.6 + 0.45 * len(plans)))
     for row, spans in enumerate(plans.values()):
         for k, (a, b) in enumerate(spans):
@@ -165,8 +165,13 @@ def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundari
     ax.set_xticks(range(layers + 1))
     ax.set_xlim(0, layers)
     ax.set(title=title, xlabel="layer index in model.layers() (0: embedding, last: head)")
-    if boundaries:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    handles, names = ax.get_legend_handles_labels()
+    segment = dict(facecolor=PHASE_COLORS["recompute"], edgecolor="white", lw=0.5)
+    handles = [plt.Rectangle((0, 0), 1, 1, **segment),
+               plt.Rectangle((0, 0), 1, 1, hatch="///", **segment)] + handles
+    names = ["a checkpointed segment", "the next one, hatched only to tell them apart"] + names
+    ax.legend(handles, names, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3),
+              ncol=len(names), frameon=False, handlelength=3, handleheight=1.5)
     fig.tight_layout()
     return fig
 

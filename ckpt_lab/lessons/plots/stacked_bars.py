@@ -37,7 +37,7 @@ def stacked_bands(breakdowns: dict[str, dict[str, float]], colors: dict[str, str
                   ax=None):
     """Stacked bars of measured parts, one colour per part (``colors``); a part may share a
     colour with another and differ by its hatch (``hatches``), e.g. a copy of the same bytes."""
-    fig, ax = _axes(ax, (8, 3.6))
+    fig, ax = _axes(ax, (max(8.0, 2 + 1.3 * len(breakdowns)), 3.6))  # room for 2-line labels
     _stack(ax, breakdowns, scale, lambda part, i: dict(
         color=colors[part], label=part, hatch=(hatches or {}).get(part), edgecolor="white",
         lw=0.5))
