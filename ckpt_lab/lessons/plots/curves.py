@@ -157,7 +157,7 @@ def chunk_peaks(chunks, peaks, predicted, floor_bytes: int | None = None,
         ax.axhline(floor_bytes / MIB, color="tab:gray", ls=":", label="floor: the rest + 3 V H")
     ax.set_xscale("log", base=2)
     ax.set_xticks(chunks, [str(c) for c in chunks])
-    ax.set(title=title, xlabel="row chunks C of the loss", ylabel="step peak (MiB)",
+    ax.set(title=title, xlabel="row chunks C of the loss", ylabel="step peak (activations), MiB",
            ylim=(0, max(peaks) / MIB * 1.1))
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
