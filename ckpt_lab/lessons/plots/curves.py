@@ -190,7 +190,7 @@ def model_parity(measured, models: dict, title="Each plan's measured step peak a
         ax.plot([m / MIB for m in measured], [p / MIB for p in predicted], marker, mfc="none",
                 ms=7, label=name)
     ax.set(title=title, xlabel="measured step peak, activations (MiB)",
-           ylabel="model's peak (MiB)",
+           ylabel="model's step peak (MiB)",
            xlim=(0, top), ylim=(0, top))
     ax.title.set_fontsize(10)
     ax.legend(fontsize=8)
