@@ -92,8 +92,8 @@ _chunk_floor = one_of(
     ("keeps falling", "levels off", "rises again"), chunk_floor,
     right="It {expected} ({peaks}; N = {rows}, H = {hidden}). Each chunk makes its own V x H "
           "weight gradient, and adding the second to the first holds three at once: 3 V H. A "
-          "chunk of s rows holds 3 s V beside the running V x H sum, under that floor once s < "
-          "2H/3 rows, C > 1.5 N / H.",
+          "chunk of N / C rows holds 3 (N / C) V beside the running V x H sum, under that floor "
+          "once C > 1.5 N / H (chunks of fewer than 2H/3 rows).",
     wrong="Measured: it {expected} ({peaks}).",
     hints={"keeps falling": "Measured: it {expected} ({peaks}). A chunk's logits shrink with C, "
                             "but every chunk makes a V x H weight gradient, and the first sum "
