@@ -403,7 +403,8 @@ class PlanExplorer(Explorer):
         pts = [(self.measured[k] / MIB, 100 * self.plan_cost(k) / total) for k in self.measured]
         ax.plot(*zip(*pts), "o", color="C0", label="plans applied (measured step peak)")
         ax.axvline(r.budget_bytes / MIB, color="gray", ls=":", label="budget")
-        _label(ax, title="Step peak against recomputation", xlabel="step peak (MiB)",
+        _label(ax, title="Step peak against recomputation",
+               xlabel="step peak (activations), MiB",
                ylabel=f"forward recomputed (%{', ' + self.basis if self.basis else ''})")
         self.figure.tight_layout()
 

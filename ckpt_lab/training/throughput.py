@@ -113,8 +113,8 @@ def _fits(model, x, y, policy, micro_batch: int, budget_bytes: int) -> bool:
         step_peak_bytes(model, x, y, policy, micro_batch, limit_bytes=budget_bytes)
         return True
     except torch.OutOfMemoryError:       # simulated, or a real one on CUDA
-        gc.collect()
-        if torch.cuda.is_available():
+        if x.is_cuda:                    # free the failed step's device memory before the next
+            gc.collect()
             torch.cuda.empty_cache()
         return False
 

@@ -1,8 +1,8 @@
 """Lesson 6's exercises: each prediction's right answer, worked out independently (every plan
-enumerated, the bisection recursion written out, plans measured), passes; the usual wrong ones
-get a hint. The build task's judge accepts recursive bisection written with torch's checkpoint
-and rejects the plausible wrong ones. And the lesson's net keeps measured seconds in its
-profile: the FLOPs the lesson plans on are passed as fwd_cost."""
+enumerated, the bisection recursion written out, plans measured against a formula), passes;
+the usual wrong ones get a hint. The build task's judge accepts recursive bisection written
+with torch's checkpoint and rejects the plausible wrong ones. And the lesson's net keeps
+measured seconds in its profile: the FLOPs the lesson plans on are passed as fwd_cost."""
 import itertools
 
 import pytest
@@ -10,7 +10,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ckpt_lab import planner
+from ckpt_lab import formulas, planner
 from ckpt_lab.lessons import exercises, widgets
 from ckpt_lab.lessons.exercises import lesson06
 
@@ -55,17 +55,20 @@ def test_the_lessons_profile_holds_seconds_and_the_flops_are_passed_as_fwd_cost(
     assert planner.evaluate_plan(plan, profile, fwd_cost=flops).recompute_cost == sum(flops[:9])
 
 
-def test_which_fit_by_measuring_each_plan():
+def test_read_low_by_measuring_each_plan_against_the_formula():
+    """Each plan measured, and read by formulas.segmented_peak_bytes directly: the activation
+    model reads both low, the plan of short segments far lower."""
     layers, x, profile = lesson06.conv_net()
-    fits = {name for name, plan in lesson06.FIT_PLANS.items()
-            if widgets.measure_plan_peak(layers, x, plan) <= lesson06.FIT_BUDGET}
-    assert fits == exercises.EXERCISES["06.which_fit"].expected() and fits != set(lesson06.FIT_PLANS)
     act, out = [p.act_bytes for p in profile], [p.out_bytes for p in profile]
-    assert all(planner.evaluate_plan(plan, act, out, [1] * len(act)).peak_bytes <= lesson06.FIT_BUDGET
-               for plan in lesson06.FIT_PLANS.values())    # the activation model says all fit
-    assert judge("06.which_fit", fits)
-    assert not judge("06.which_fit", set(lesson06.FIT_PLANS))
-    assert not judge("06.which_fit", {"D"})
+    gaps = {name: widgets.measure_plan_peak(layers, x, plan)
+            / formulas.segmented_peak_bytes(plan, act, out)
+            for name, plan in lesson06.READ_PLANS.items()}
+    assert gaps == pytest.approx(lesson06.read_gaps(), rel=1e-9)
+    assert 1 < gaps["no checkpoint"] < 1.1 < 1.4 < gaps["segments of 2"]
+    assert exercises.EXERCISES["06.read_low"].expected() == "segments of 2"
+    assert judge("06.read_low", "segments of 2") and judge("06.read_low", " Segments of  2")
+    assert not judge("06.read_low", "no checkpoint") and not judge("06.read_low", "the same")
+    assert not judge("06.read_low", {"A"})                      # not one of the three
 
 
 def test_bisection_growth_is_one_unit_as_the_recursion_says():
@@ -111,5 +114,5 @@ def test_bisected_judge_accepts_torch_nested_checkpoints_and_rejects_the_near_mi
 
 def test_unanswered_and_malformed_never_raise(capsys):
     unanswered_and_malformed(exercises.keys(6), "many", capsys)
-    assert exercises.keys(6) == ["06.last_segment", "06.which_fit", "06.bisection_growth",
+    assert exercises.keys(6) == ["06.last_segment", "06.read_low", "06.bisection_growth",
                                  "06.bisected"]

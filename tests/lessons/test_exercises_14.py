@@ -84,18 +84,25 @@ def test_unanswered_and_malformed_never_raise(capsys):
                                   "14.chunked_loss"]
 
 
-def test_in_your_code_chunked_loss_is_cross_entropy_with_padding():
-    """The copyable chunked loss is F.cross_entropy's mean, value and gradients, when some
-    targets are padding (-100) and the chunks are unequal: a mean over len(t) would be wrong."""
-    space = {}
-    exec(in_your_code("14_the_loss_at_large_vocabularies"), space)
+def test_in_your_code_is_the_hugging_face_loss_with_padding():
+    """The closing's lines, with the build task's chunked_loss, give a Hugging Face causal LM's
+    own loss (labels=, shifted inside) and its gradients, when the batch holds padding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
-    h = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
-    W = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
-    t = torch.randint(0, 50, (37,))
-    t[::3] = -100                                               # padding, as a collator marks it
-    got = space["chunked_ce"](h, W, t, chunks=8)
-    want = F.cross_entropy(h @ W.T, t)
-    assert torch.allclose(got, want, rtol=1e-12)
-    for a, b in zip(torch.autograd.grad(got, (h, W)), torch.autograd.grad(want, (h, W))):
-        assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)        # fp32: HF's loss upcasts its logits to it
+    ids = torch.randint(0, 64, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = mask[2, 4:] = 0                              # right padding, as a collator pads
+    space = dict(model=model, ids=ids, mask=mask, chunked_loss=chunked_loss)
+    exec(in_your_code("14_the_loss_at_large_vocabularies"), space)
+    assert space["C"] == 3                                     # N = 30 rows, H = 16: C > 2.8
+    got = [space["loss"].detach()] + [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    labels = ids.masked_fill(mask == 0, -100)
+    want = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    want.backward()
+    assert torch.allclose(got[0], want.detach(), rtol=1e-6)
+    for a, p in zip(got[1:], model.parameters()):
+        assert torch.allclose(a, p.grad, rtol=1e-5, atol=1e-7)

@@ -205,15 +205,20 @@ def test_technique_bars_stack_the_step_peak_on_the_model_state():
 
 
 def test_combination_grid_draws_total_peaks_against_a_total_budget():
-    rows = [dict(policy="none", k=1, precision="fp32", peak=8 * plots.MIB, recompute_share=0),
-            dict(policy="every", k=1, precision="fp32", peak=2 * plots.MIB,
+    rows = [dict(policy="none", M=1, precision="fp32", peak=8 * plots.MIB, recompute_share=0),
+            dict(policy="every", M=1, precision="fp32", peak=2 * plots.MIB,
+                 recompute_share=0.2),
+            dict(policy="every", M=1, precision="bf16", peak=2 * plots.MIB,
                  recompute_share=0.2)]
     fig = plots.combination_grid(rows, 14 * plots.MIB, state_bytes=10 * plots.MIB)
     ax = fig.axes[0]
-    points = [l for l in ax.get_lines() if l.get_marker() == "o"]
-    assert [p.get_ydata()[0] for p in points] == [18, 12]
-    assert [p.get_markerfacecolor() == "none" for p in points] == [True, False]
-    assert "total peak" in ax.get_ylabel()
+    points = [l for l in ax.get_lines() if l.get_marker() in ("o", "s")]
+    assert [p.get_ydata()[0] for p in points] == [18, 12, 12]
+    assert [p.get_markerfacecolor() == "none" for p in points] == [True, False, False]
+    xs = [p.get_xdata()[0] for p in points]                      # fp32 and bf16 side by side
+    assert len(set(xs)) == 3 and xs[1] < 1 < xs[2]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["none\n+0%", "every\n+20%"]
+    assert "total peak" in ax.get_ylabel() and ax.get_title() == "M = 1 micro-batch"
 
 
 def test_every_figure_module_is_reachable_as_plots_dot_name():

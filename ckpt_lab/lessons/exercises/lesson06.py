@@ -15,13 +15,11 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab.lessons.units import MIB
+from .base import Exercise, near, one_of
+from .threads import one_thread
 
-from .base import Exercise, _name_set, near, one_of
-
-# Exercise 06.which_fit: three plans for the CPU-sized net and a budget for their step peak.
-FIT_PLANS = {"A": [0, 2, 4, 6, 8, 10], "B": [0, 1, 3], "C": [0, 2, 4]}
-FIT_BUDGET = int(1.75 * MIB)
+# Exercise 06.read_low: two plans for the CPU-sized net, read by the activation model.
+READ_PLANS = {"no checkpoint": [0], "segments of 2": [0, 2, 4, 6, 8, 10]}
 BISECT_WIDTH, BISECT_TOKENS, BISECT_DEPTHS = 64, 256, (8, 16, 32)
 
 
@@ -76,6 +74,11 @@ def conv_flops(channels: int = 8, per_scale: int = 3, batch: int = 8, image: int
     return tuple(forward_flops(layers, x))
 
 
+@functools.lru_cache(maxsize=1)
+def _last_segments() -> tuple:
+    return tuple(last_segments())
+
+
 def last_segments() -> list[tuple[int, int]]:
     """On the CPU-sized net, for uniform segments S = 2..8: (layers in the uniform plan's last
     segment, layers in the last segment of the planner's cheapest plan within the uniform
@@ -94,12 +97,12 @@ def last_segments() -> list[tuple[int, int]]:
 def last_segment() -> str:
     """Measured answer of 06.last_segment: the planner's last segment against the uniform
     plan's, at every S ("longer", "equal", "shorter"; "mixed" when it varies)."""
-    words = {("longer" if b > u else "equal" if b == u else "shorter") for u, b in last_segments()}
+    words = {("longer" if b > u else "equal" if b == u else "shorter") for u, b in _last_segments()}
     return words.pop() if len(words) == 1 else "mixed"
 
 
 def _last_facts() -> dict:
-    pairs = last_segments()
+    pairs = _last_segments()
     return {"pairs": ", ".join(f"{u} -> {b}" for u, b in pairs)}
 
 
@@ -119,48 +122,53 @@ _last_segment = one_of(
     normalise=lambda a: a.strip().lower(), facts=_last_facts)
 
 
-def fit_question() -> dict:
-    """The plans of exercise 06.which_fit, each with the activation model's peak (formulas.segmented_peak_bytes)."""
+@functools.lru_cache(maxsize=1)
+def read_gaps() -> dict:
+    """Measured step peak over the activation model's (`formulas.segmented_peak_bytes`, what
+    `planner.evaluate_plan` gives from act and out bytes) for each plan of 06.read_low."""
     from ckpt_lab import planner
-    _, _, profile = conv_net()
-    act = [p.act_bytes for p in profile]
-    out = [p.out_bytes for p in profile]
-    return {name: planner.evaluate_plan(plan, act, out, list(conv_flops())).peak_bytes
-            for name, plan in FIT_PLANS.items()}
-
-
-def measured_fit_peaks() -> dict:
-    """Measured step peak of each plan of exercise 06.which_fit."""
     from ckpt_lab.lessons.widgets import measure_plan_peak
-    layers, x, _ = conv_net()
-    return {name: measure_plan_peak(layers, x, plan) for name, plan in FIT_PLANS.items()}
+    layers, x, profile = conv_net()
+    act, out = [p.act_bytes for p in profile], [p.out_bytes for p in profile]
+    flops = list(conv_flops())
+    with one_thread():
+        return {name: measure_plan_peak(layers, x, plan)
+                / planner.evaluate_plan(plan, act, out, flops).peak_bytes
+                for name, plan in READ_PLANS.items()}
 
 
-def which_fit() -> set:
-    """Measured: the plans of exercise 06.which_fit whose step peak fits the budget."""
-    return {name for name, peak in measured_fit_peaks().items() if peak <= FIT_BUDGET}
+def read_low() -> str:
+    """Measured answer of 06.read_low: the plan the activation model reads lower, relative to
+    its measured step peak ("the same" within 5%)."""
+    g = read_gaps()
+    ratio = g["segments of 2"] / g["no checkpoint"]
+    return "the same" if abs(ratio - 1) <= 0.05 else (
+        "segments of 2" if ratio > 1 else "no checkpoint")
 
 
-def _which_fit(answer):
-    given, why = _name_set(answer, FIT_PLANS, "plan names")
-    if why:
-        return False, why
-    peaks = measured_fit_peaks()
-    shown = ", ".join(f"{n} {p / MIB:.2f} MiB" for n, p in peaks.items())
-    expected = {n for n, p in peaks.items() if p <= FIT_BUDGET}
-    if given == expected:
-        return True, (f"{sorted(expected)}. Measured: {shown}, budget {FIT_BUDGET / MIB:.2f} MiB. "
-                      "The activation model said all three fit; it leaves out each segment's own "
-                      "input and backward's working memory.")
-    missing, extra = sorted(expected - given), sorted(given - expected)
-    if extra:
-        return False, (f"{extra} measure over the budget ({shown}). The activation model is "
-                       "always low: it counts neither a segment's input nor the gradients and "
-                       "temporaries of backward. Check with planner.step_peak_bytes(plan, profile).")
-    return False, (f"{missing} fit too ({shown}): a plan with many short segments keeps more "
-                   "inputs, but each segment's backward is small.")
+def _gap_facts() -> dict:
+    g = read_gaps()
+    return {"none": g["no checkpoint"], "two": g["segments of 2"]}
 
 
+_read_low = one_of(
+    tuple(READ_PLANS) + ("the same",), read_low, normalise=lambda a: " ".join(a.lower().split()),
+    facts=_gap_facts,
+    right="{expected}: measured x{two:.2f} the activation model's peak, against x{none:.2f} with "
+          "no checkpoint. What the model leaves out (a segment's own input, backward's working "
+          "memory) sits in the one segment in backward. With many short segments the model "
+          "counts little else, so the omission is a large share; with no checkpoint it counts "
+          "every layer's activations.",
+    wrong="Measured: {expected}, x{two:.2f} for segments of 2 against x{none:.2f} with no "
+          "checkpoint. The activation model counts less and less as checkpoints multiply, while "
+          "what it leaves out belongs to the one segment in backward.",
+    hints={"no checkpoint": "Measured: segments of 2 (x{two:.2f} against x{none:.2f}). With no "
+                            "checkpoint the model counts every layer's activations, so what it "
+                            "leaves out is a small share of its count; with short segments it "
+                            "counts little besides, and the same pieces weigh more."})
+
+
+@functools.lru_cache(maxsize=1)
 def bisection_growth() -> float:
     """Measured: how many units (one block's activation) the recursive-bisection step peak
     grows when a chain of identical MLPBlocks doubles from 16 to 32 blocks."""
@@ -182,7 +190,8 @@ def bisection_growth() -> float:
     for depth in BISECT_DEPTHS[-2:]:
         torch.manual_seed(0)
         chain = nn.Sequential(*[MLPBlock(BISECT_WIDTH) for _ in range(depth)])
-        peaks.append(measure_plan_peak([Bisected(chain)], x, [0]))
+        with one_thread():
+            peaks.append(measure_plan_peak([Bisected(chain)], x, [0]))
     return (peaks[1] - peaks[0]) / unit
 
 
@@ -227,6 +236,11 @@ BISECT_CHECK_DEPTHS = (4, 7, 16)
 
 
 def _bisected(answer):
+    with one_thread():
+        return _judge_bisected(answer)
+
+
+def _judge_bisected(answer):
     from ckpt_lab import checkpoint_recursive
     from ckpt_lab.training.models import MLPBlock
     if not callable(answer):
@@ -259,12 +273,14 @@ def _bisected(answer):
         if forwards != want_forwards:
             return False, (f"{depth} layers: {forwards} layer forwards where bisection runs "
                            f"{want_forwards} ({depth} + formulas.bisection_cost's re-runs). "
-                           "Each half is bisected once: the first inside its checkpoint, the "
-                           "second after it, and a single layer runs plainly.")
+                           "Each half is bisected once: the first len(layers) // 2 layers "
+                           f"({depth // 2} here) inside its checkpoint, the other "
+                           f"{depth - depth // 2} after it, and a single layer runs plainly.")
         if peak != want_peak:
             return False, (f"{depth} layers: step peak {peak:,} bytes where checkpoint_recursive "
-                           f"measures {want_peak:,}. Bisect the first half inside its checkpoint "
-                           "too, not only the second half.")
+                           f"measures {want_peak:,}. Split where it does, the first "
+                           f"len(layers) // 2 layers ({depth // 2} here) checkpointed, and "
+                           "bisect that first half inside its checkpoint too.")
     return True, (f"gradients bit for bit, and the step peak and layer forwards of "
                   f"checkpoint_recursive at {', '.join(map(str, BISECT_CHECK_DEPTHS))} layers.")
 
@@ -274,18 +290,17 @@ EXERCISES = [
              "peak of uniform segments (S = 2..8), is the last segment (never re-run) of the "
              "planner's cheapest plan 'longer', 'equal' or 'shorter' than the uniform plan's?",
              _last_segment, expected=last_segment),
-    Exercise("06.which_fit", "The 13-layer net at its CPU sizes, plans "
-             + ", ".join(f"{n} = {p}" for n, p in FIT_PLANS.items())
-             + f": the activation model (kept inputs + last segment, without backward's A + G: "
-             f"formulas.segmented_peak_bytes) puts all three under a {FIT_BUDGET / MIB:.2f} MiB "
-             "budget. Which fit when one training step is measured? Give a set of names.",
-             _which_fit, expected=which_fit),
+    Exercise("06.read_low", "The 13-layer net at its CPU sizes: the activation model (kept "
+             "inputs + last segment, without backward's A + G: formulas.segmented_peak_bytes) "
+             "reads every plan below its measured step peak. Relative to the measured peak, "
+             "which plan does it read lower: 'no checkpoint', 'segments of 2' (starts "
+             f"{READ_PLANS['segments of 2']}) or 'the same'?", _read_low, expected=read_low),
     Exercise("06.bisection_growth", "Recursive bisection of identical MLPBlocks: doubling the "
              "depth from 16 to 32 blocks raises the step peak by how many units (one block's "
              "activation)?", _bisection_growth, expected=bisection_growth),
     Exercise("06.bisected", "Build task: write bisected(layers, x), recursive bisection with "
-             "torch.utils.checkpoint: the first half of the layers checkpointed (and bisected "
-             "inside), then the second half bisected; one layer runs plainly. The check compares "
+             "torch.utils.checkpoint: the first len(layers) // 2 layers checkpointed (and "
+             "bisected inside), then the rest bisected; one layer runs plainly. The check compares "
              "gradients with a plain run and the step peak and layer forwards with "
              "checkpoint_recursive.", _bisected),
 ]

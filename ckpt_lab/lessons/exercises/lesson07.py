@@ -1,33 +1,39 @@
 """Exercises of lesson 7 (combining checkpointing, accumulation, bf16 and offload): three
-committed predictions and one build task, a search for the largest micro-batch a budget allows.
+committed predictions and one build task, a search for the largest micro-batch a budget allows
+that measures as few micro-batch sizes as it can.
 
-Each right answer is measured when it is needed, on the lesson's GPT at its CPU sizes (the
-gpt-cpu shape: 4 blocks, H = 128, 4 heads, T = 64, dropout off): step peaks (activations) with
-`track_memory`, the parameter gradients allocated beforehand; FLOPs with `FlopCounterMode`. The
-build task's judge runs the learner's search against those step peaks, a budget that holds the
-model state too (the total peak), and ckpt_lab's own search (`throughput.largest_micro_batch`).
+Each prediction's right answer is measured when it is first needed (then kept), on the lesson's
+GPT at its CPU sizes (the gpt-cpu shape: 4 blocks, H = 128, 4 heads, T = 64, dropout off), on
+one thread: step peaks (activations) with `track_memory`, the parameter gradients allocated
+beforehand. The build task's judge runs the learner's search on a smaller GPT (gpt-tiny's
+shape, dropout off) against its measured step peaks, budgets that hold the model state too
+(total peaks), and ckpt_lab's own search (`throughput.largest_micro_batch`), and counts the
+sizes the search measured.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_lab import build_model, formulas, get_config, track_memory
+from ckpt_lab import build_model, formulas, get_config
+from ckpt_lab.lessons import combining
 from ckpt_lab.training.throughput import largest_micro_batch, micro_batch_sizes, step_peak_bytes
 
 from .base import Exercise, near, one_of
+from .threads import one_thread
 
 BATCH, SEQ, LAYERS, HIDDEN, HEADS = 4, 64, 4, 128, 4
 ORDER = ("below", "equal", "above")
+CUTS = ("more", "the same", "less")
 
 
-@functools.lru_cache(maxsize=None)
-def _batch(rows: int = BATCH):
+@functools.cache
+def _batch(rows: int = BATCH, seq: int = SEQ):
     from ckpt_lab import TextBatches, load_corpus
-    return TextBatches(load_corpus(), rows, SEQ).get(0)
+    return TextBatches(load_corpus(), rows, seq).get(0)
 
 
 def _model(policy: str = "none"):
@@ -36,8 +42,7 @@ def _model(policy: str = "none"):
     return build_model(cfg, policy=policy, impl="torch")
 
 
-def _steps(model, micro_batches: int, precision: str):
-    x, y = _batch()
+def _steps(model, x, y, micro_batches: int, precision: str):
     for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
         with torch.autocast("cpu", torch.bfloat16) if precision == "bf16" \
                 else contextlib.nullcontext():
@@ -45,14 +50,13 @@ def _steps(model, micro_batches: int, precision: str):
         loss.backward()
 
 
+@functools.cache
 def step_peak(policy: str = "none", micro_batches: int = 1, precision: str = "fp32") -> int:
-    """Measured step peak (activations) of a step of the lesson's CPU GPT, gradients allocated."""
-    model = _model(policy)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    with track_memory() as mem:
-        _steps(model, micro_batches, precision)
-    return mem.peak_bytes
+    """Measured step peak (activations) of a step of the lesson's CPU GPT, gradients allocated
+    (`combining.step_peak`), on one thread; measured once per setting."""
+    model, (x, y) = _model(policy), _batch()      # the batch made before the tracker starts
+    with one_thread():
+        return combining.step_peak(model, lambda: _steps(model, x, y, micro_batches, precision))
 
 
 def autocast_ratio() -> float:
@@ -72,31 +76,44 @@ _autocast = near(
          "bytes instead of 4.")
 
 
-def accumulation_flops_ratio(micro_batches: int = 4) -> float:
-    """Measured: FLOPs of a step split into `micro_batches` over FLOPs of the whole batch."""
-    model = _model()
-    counts = []
-    for k in (1, micro_batches):
-        with FlopCounterMode(display=False) as counter:
-            _steps(model, k, "fp32")
-        counts.append(counter.get_total_flops())
-    return counts[1] / counts[0]
+def accumulation_cut(policy: str, micro_batches: int = BATCH) -> float:
+    """Measured: the step peak with ``micro_batches`` micro-batches over the step peak of the
+    whole batch, under ``policy``."""
+    return step_peak(policy, micro_batches) / step_peak(policy)
 
 
-_accumulation_flops = near(
-    accumulation_flops_ratio, 0.01,
-    right="x{expected:g}: accumulation re-runs nothing; every row goes through one forward and "
-          "one backward, in four smaller pieces.",
-    low="Every row of the batch still goes through the whole forward and backward once: the "
-        "arithmetic is the same.",
-    high="Accumulation recomputes nothing: it runs the same rows in four smaller pieces (smaller "
-         "matmuls, the same FLOPs).")
+def accumulation_with_checkpointing() -> str:
+    """Measured answer of 07.accumulation_with_ckpt: does accumulation over 4 micro-batches cut
+    the step peak by "more", "the same" (within 5%) or "less" with every block checkpointed
+    than without?"""
+    ratio = accumulation_cut("every") / accumulation_cut("none")
+    return "the same" if abs(ratio - 1) <= 0.05 else ("less" if ratio > 1 else "more")
+
+
+def _cut_facts() -> dict:
+    return {"none": accumulation_cut("none"), "every": accumulation_cut("every")}
+
+
+_accumulation_with_ckpt = one_of(
+    CUTS, accumulation_with_checkpointing, normalise=lambda s: " ".join(s.lower().split()),
+    facts=_cut_facts,
+    right="{expected}: x{every:.2f} with every block checkpointed, x{none:.2f} without. What "
+          "does not shrink with the micro-batch (the causal mask, each Linear's weight gradient "
+          "as backward makes it, the output layer's V x H one) is a larger share of a step "
+          "that checkpointing has already emptied.",
+    wrong="Measured: {expected}, x{every:.2f} with every block checkpointed against x{none:.2f} "
+          "without. Checkpointing removes activations that shrink with the micro-batch; what "
+          "is left (weight gradients as backward makes them, the causal mask) does not shrink.",
+    hints={"more": "Measured: less, x{every:.2f} with every block checkpointed against "
+                   "x{none:.2f} without. Accumulation divides what grows with the rows; "
+                   "checkpointing has already removed most of that, so the bytes that do not "
+                   "shrink weigh more."})
 
 
 def bf16_small_batch_ratio() -> float:
     """Measured: with every block checkpointed and micro-batches of one row (4 of them), the
     bf16-autocast step's peak over the fp32 step's."""
-    return (step_peak("every", BATCH, "bf16") / step_peak("every", BATCH, "fp32"))
+    return step_peak("every", BATCH, "bf16") / step_peak("every", BATCH, "fp32")
 
 
 def bf16_small_batch() -> str:
@@ -116,101 +133,113 @@ _bf16_small = one_of(
           "multiplies by: a cost per model, not per row.")
 
 
-# ----------------------------------------------- the build task: the largest micro-batch that fits
-GLOBAL_BATCH = 16              # rows of one optimizer step, as in the lesson's last section
+# ------------------------------- the build task: the largest micro-batch that fits, measured few
+GLOBAL_BATCHES = (16, 12)      # rows of one optimizer step: 16 as in the lesson's last section
 
 
 @functools.lru_cache(maxsize=1)
 def _search_model():
-    return _model()
+    """The judge's GPT: gpt-tiny's shape (2 blocks, H = 32, T = 16), dropout off."""
+    return build_model(get_config("gpt-tiny", dropout=0.0), impl="torch")
 
 
 def model_state() -> int:
-    """Model state of the lesson's GPT trained with AdamW in fp32: weights, gradients and the two
-    moments, 16 bytes a parameter (`formulas.model_state_bytes`; lesson 7 measures it)."""
+    """Model state of the judge's GPT trained with AdamW in fp32: weights, gradients and the
+    two moments, 16 bytes a parameter (`formulas.model_state_bytes`; lesson 7 measures it)."""
     params = sum(p.numel() for p in _search_model().parameters())
     return formulas.model_state_bytes(params, "fp32", "adam")
 
 
-@functools.lru_cache(maxsize=None)
+def _rows(global_batch: int):
+    return _batch(global_batch, _search_model().config.block_size)
+
+
+@functools.cache
 def measured_step_peak(policy: str, rows: int) -> int:
     """Step peak (activations) of one micro-batch of ``rows`` rows under ``policy``, parameter
-    gradients allocated first (`throughput.step_peak_bytes`, one thread: tiny tensors)."""
-    x, y = _batch(GLOBAL_BATCH)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    gradients allocated first (`throughput.step_peak_bytes`), on one thread; measured once."""
+    x, y = _rows(max(GLOBAL_BATCHES))
+    with one_thread():
         return step_peak_bytes(_search_model(), x[:rows], y[:rows], policy, rows)
-    finally:
-        torch.set_num_threads(threads)
 
 
-def search_cases() -> list[tuple[str, int]]:
-    """(policy, budget) pairs the search is judged on; each budget is a total peak (model state
-    included), set from measured step peaks: 4 rows of no checkpoint fit; 5 to 7 rows fit, which
-    do not divide 16; one row fits; not even one row fits."""
+def most_measurements(global_batch: int) -> int:
+    """Sizes a search may measure: as many as a bisection over the divisors of the global batch
+    needs at worst, ceil(log2(divisors + 1))."""
+    return math.ceil(math.log2(len(micro_batch_sizes(global_batch)) + 1))
+
+
+def search_cases() -> list[tuple[str, int, int]]:
+    """(policy, global batch, budget) triples the search is judged on; each budget is a total
+    peak (model state included), set from measured step peaks of no checkpoint: 4 rows fit; 6
+    rows fit, so rows that do not divide 16 fit; one row fits; not even one row fits."""
     state, peak = model_state(), measured_step_peak
-    four, between, one = peak("none", 4), (peak("none", 4) + peak("none", 8)) // 2, peak("none", 1)
-    return [("none", state + four), ("every", state + four), ("none", state + between),
-            ("selective", state + between), ("every", state + one), ("none", state + one - 1)]
+    four, six, one = peak("none", 4), peak("none", 6), peak("none", 1)
+    return [("none", 16, state + four), ("every", 16, state + four),
+            ("none", 16, state + six), ("none", 12, state + six), ("every", 12, state + six),
+            ("selective", 16, state + six), ("every", 16, state + one),
+            ("none", 16, state + one - 1)]
 
 
-def expected_micro_batch(policy: str, budget: int) -> int:
+@functools.cache
+def expected_micro_batch(policy: str, global_batch: int, budget: int) -> int:
     """ckpt_lab's answer: `throughput.largest_micro_batch` for the room the model state leaves;
     0 where not even one row fits."""
-    x, y = _batch(GLOBAL_BATCH)
+    x, y = _rows(global_batch)
     room = budget - model_state()
     if room < 0:
         return 0
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return largest_micro_batch(_search_model(), x, y, policy, room) or 0
-    finally:
-        torch.set_num_threads(threads)
 
 
-def _one_search(answer, policy: str, budget: int) -> tuple[str | None, int]:
-    """(None, sizes measured) where the learner's search finds ckpt_lab's answer, else (why, 0)."""
-    state, divisors, measured = model_state(), micro_batch_sizes(GLOBAL_BATCH), set()
+def _one_search(answer, policy: str, global_batch: int, budget: int) -> tuple[str | None, str]:
+    """(why the learner's search is wrong, or None; why it measured too many sizes, or "")."""
+    state, divisors, measured = model_state(), micro_batch_sizes(global_batch), set()
 
     def step_peak(rows):
-        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= GLOBAL_BATCH:
-            raise ValueError(f"step_peak takes a whole number of rows from 1 to {GLOBAL_BATCH}, "
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= global_batch:
+            raise ValueError(f"step_peak takes a whole number of rows from 1 to {global_batch}, "
                              f"got {rows!r}")
         measured.add(rows)
         return measured_step_peak(policy, rows)
 
-    where = f"With '{policy}' checkpointing and a budget of {budget:,} bytes"
+    where = (f"With '{policy}' checkpointing, a global batch of {global_batch} rows and a "
+             f"budget of {budget:,} bytes")
     try:
-        got = answer(step_peak, state, GLOBAL_BATCH, budget)
+        got = answer(step_peak, state, global_batch, budget)
     except Exception as e:  # the learner's code: report, do not raise
-        return f"{where}, your function raised {type(e).__name__}: {e}", 0
+        return f"{where}, your function raised {type(e).__name__}: {e}", ""
     if got is None:
-        return ("not answered yet: largest_micro_batch returns None. Write its body (the hint "
-                "above the cell) and return a number of rows, 0 when not even one row fits."), 0
+        return ("not answered yet: largest_micro_batch returns None. Write its body and return "
+                "a number of rows, 0 when not even one row fits."), ""
     if isinstance(got, bool) or not isinstance(got, int):
-        return f"{where}, it returned {got!r}: return a whole number of rows (0: none fits).", 0
-    want = expected_micro_batch(policy, budget)
-    if got == want:
-        return None, len(measured)
-    if got < 0 or got > GLOBAL_BATCH:
-        return f"{where}, it returned {got}: a micro-batch has 0 to {GLOBAL_BATCH} rows.", 0
-    if got and GLOBAL_BATCH % got:
-        return (f"{where}, it returned {got} rows, which do not divide the global batch of "
-                f"{GLOBAL_BATCH}: the step would not split into whole micro-batches. Search the "
-                f"divisors {divisors} only."), 0
+        return f"{where}, it returned {got!r}: return a whole number of rows (0: none fits).", ""
+    want = expected_micro_batch(policy, global_batch, budget)
+    if got < 0 or got > global_batch:
+        return f"{where}, it returned {got}: a micro-batch has 0 to {global_batch} rows.", ""
+    if got and global_batch % got:
+        return (f"{where}, it returned {got} rows, which do not divide the global batch: the "
+                f"step would not split into whole micro-batches. Only {divisors} do."), ""
     if got > want:
         total = state + measured_step_peak(policy, got)
         if measured_step_peak(policy, got) <= budget:
             return (f"{where}, {got} rows: their step peak fits the budget, but their total peak "
                     f"(model state included) is {total:,} bytes, over it. The budget holds the "
-                    "model state too: compare state + step_peak(B) with it."), 0
+                    "model state too."), ""
         return (f"{where}, {got} rows: their total peak is {total:,} bytes, over the budget; "
-                f"the largest that fits is {want or 'none (0)'}."), 0
-    rows = f"{got} row fits" if got == 1 else f"{got} rows fit"
-    return (f"{where}, {rows}, but so do {want}: the total peak grows with the micro-batch, so "
-            "search from the largest divisor down (or bisect)."), 0
+                f"the largest that fits is {want or 'none (0)'}."), ""
+    if got < want:
+        rows = f"{got} row fits" if got == 1 else f"{got} rows fit"
+        return f"{where}, {rows}, but so do {want}.", ""
+    most = most_measurements(global_batch)
+    if len(measured) <= most:
+        return None, ""
+    return None, (f"{where}, {got} rows is right, but your search measured {len(measured)} "
+                  f"sizes ({sorted(measured)}). Each is a training step, and on a GPU one over "
+                  f"the budget crashes: {most} are enough for the {len(divisors)} divisors of "
+                  f"{global_batch}. The step peak grows with the rows: what does one "
+                  "measurement tell you about the sizes above and below it?")
 
 
 def _micro_batch_search(answer):
@@ -218,18 +247,20 @@ def _micro_batch_search(answer):
         return False, ("Pass your function itself: exercises.check('07.micro_batch_search', "
                        "largest_micro_batch), a function (step_peak, state, global_batch, "
                        "budget) -> rows.")
-    cases, most = search_cases(), 0
-    for policy, budget in cases:
-        why, sizes = _one_search(answer, policy, budget)
+    cases = search_cases()
+    judged = [_one_search(answer, *case) for case in cases]   # every case, then the cost
+    for why, costly in judged:
         if why:
             return False, why
-        most = max(most, sizes)
-    policies = len({p for p, _ in cases})
-    return True, (f"On {len(cases)} budgets under {policies} checkpoint policies your search "
-                  "agrees with ckpt_lab's throughput.largest_micro_batch, down to 0 where "
-                  f"nothing fits. It measured at most {most} micro-batch sizes in one search; a "
-                  f"bisection over the {len(micro_batch_sizes(GLOBAL_BATCH))} divisors measures "
-                  "at most 3.")
+    for why, costly in judged:
+        if costly:
+            return False, costly
+    policies = len({p for p, _, _ in cases})
+    return True, (f"On {len(cases)} budgets, {policies} checkpoint policies and global batches "
+                  f"of {' and '.join(map(str, GLOBAL_BATCHES))} rows your search agrees with "
+                  "ckpt_lab's throughput.largest_micro_batch, down to 0 where nothing fits, "
+                  f"measuring at most {max(map(most_measurements, GLOBAL_BATCHES))} sizes a "
+                  "search: what a bisection over the divisors needs.")
 
 
 EXERCISES = [
@@ -237,15 +268,17 @@ EXERCISES = [
              "weights): with bf16 autocast, the step peak (activations) is what multiple of the "
              "fp32 step's?",
              _autocast, expected=autocast_ratio),
-    Exercise("07.accumulation_flops", "Splitting a step's batch into 4 micro-batches "
-             "(accumulation): FLOPs of the step with accumulation divided by FLOPs without?",
-             _accumulation_flops, expected=accumulation_flops_ratio),
+    Exercise("07.accumulation_with_ckpt", "The lesson's GPT: accumulation over 4 micro-batches "
+             "cuts the step peak (activations). With every block checkpointed, does it cut it "
+             "by 'more', 'the same' or 'less' than without checkpointing?",
+             _accumulation_with_ckpt, expected=accumulation_with_checkpointing),
     Exercise("07.bf16_small_batch", "The lesson's GPT with every block checkpointed and 4 "
              "micro-batches of one row: is the bf16-autocast step peak (activations) below, "
              "equal to or above the fp32 step's?", _bf16_small, expected=bf16_small_batch),
     Exercise("07.micro_batch_search", "Build task: pass your function largest_micro_batch("
              "step_peak, state, global_batch, budget), which returns the largest micro-batch B "
              "(a divisor of global_batch, in rows) whose total peak, state + step_peak(B), is "
-             "within budget, and 0 when not even one row fits. It runs on the lesson's GPT "
-             "under three checkpoint policies and six budgets.", _micro_batch_search),
+             "within budget, and 0 when not even one row fits, measuring few sizes (each "
+             "step_peak call is a training step). It runs on a small GPT under three checkpoint "
+             "policies, eight budgets and two global batches.", _micro_batch_search),
 ]

@@ -5,6 +5,8 @@ measured when it is needed, with `track_memory` and PyTorch's FLOP counter on th
 gradients) and against `formulas.chunked_cross_entropy_peak_bytes` (its measured peak)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
@@ -13,6 +15,7 @@ from ckpt_lab import chunked_cross_entropy, formulas
 from ckpt_lab.measure.memory import track_memory
 
 from .base import Exercise, near, one_of
+from .threads import one_thread
 
 # The lesson's CPU sizes: N = B T rows (4 sequences of 64 tokens), H wide, V words.
 ROWS, HIDDEN, VOCAB = 256, 128, 8192
@@ -32,10 +35,11 @@ def _plain(h, W, t):
     return F.cross_entropy(h @ W.T, t)
 
 
+@functools.lru_cache(maxsize=1)
 def loss_peak_in_nv() -> float:
     """Measured: the plain loss's peak (forward and backward, from its input) in N x V tensors."""
     h, W, t = _loss_inputs()
-    with track_memory() as mem:
+    with one_thread(), track_memory() as mem:
         _plain(h, W, t).backward()
     return mem.peak_bytes / (ROWS * VOCAB * 4)
 
@@ -52,15 +56,21 @@ _loss_tensors = near(
 
 
 def chunk_peaks() -> dict[int, int]:
-    """Measured: the chunked loss's peak (forward and backward) per chunk count C."""
+    """Measured: the chunked loss's peak (forward and backward) per chunk count C (measured
+    once; a copy each call)."""
+    return dict(_chunk_peaks())
+
+
+@functools.lru_cache(maxsize=1)
+def _chunk_peaks() -> tuple:
     h, W, t = _loss_inputs()
     peaks = {}
     for chunks in CHUNKS:
         h.grad = W.grad = None
-        with track_memory() as mem:
+        with one_thread(), track_memory() as mem:
             chunked_cross_entropy(h, W, t, chunks).backward()
         peaks[chunks] = mem.peak_bytes
-    return peaks
+    return tuple(peaks.items())
 
 
 def chunk_floor() -> str:
@@ -80,9 +90,10 @@ def _floor_facts() -> dict:
 
 _chunk_floor = one_of(
     ("keeps falling", "levels off", "rises again"), chunk_floor,
-    right="It {expected} ({peaks}; N = {rows}, H = {hidden}). Once a chunk holds fewer rows "
-          "than about H, its three chunk x V tensors are smaller than the weight's gradients: "
-          "each chunk makes its own V x H gradient, added to the running sum.",
+    right="It {expected} ({peaks}; N = {rows}, H = {hidden}). Each chunk makes its own V x H "
+          "weight gradient, and adding the second to the first holds three at once: 3 V H. A "
+          "chunk of N / C rows holds 3 (N / C) V beside the running V x H sum, under that floor "
+          "once C > 1.5 N / H (chunks of fewer than 2H/3 rows).",
     wrong="Measured: it {expected} ({peaks}).",
     hints={"keeps falling": "Measured: it {expected} ({peaks}). A chunk's logits shrink with C, "
                             "but every chunk makes a V x H weight gradient, and the first sum "
@@ -93,13 +104,14 @@ _chunk_floor = one_of(
     normalise=lambda a: " ".join(a.lower().split()), facts=_floor_facts)
 
 
+@functools.lru_cache(maxsize=1)
 def chunk_flops_ratio() -> float:
     """Measured: FLOPs of the loss in 8 checkpointed chunks over the plain loss's (forward and
     backward, counted by FlopCounterMode), minus one."""
     h, W, t = _loss_inputs()
     flops = []
     for loss in (lambda: _plain(h, W, t), lambda: chunked_cross_entropy(h, W, t, 8)):
-        with FlopCounterMode(display=False) as counter:
+        with one_thread(), FlopCounterMode(display=False) as counter:
             loss().backward()
         flops.append(counter.get_total_flops())
     return flops[1] / flops[0] - 1
@@ -149,7 +161,7 @@ def _check_peak(answer) -> tuple[bool, str]:
     shown = []
     for chunks in (4, 8):
         h, W, t = _loss_inputs()
-        with track_memory() as mem:
+        with one_thread(), track_memory() as mem:
             answer(h, W, t, chunks).backward()
         want = formulas.chunked_cross_entropy_peak_bytes(ROWS, VOCAB, HIDDEN, chunks,
                                                          tracked=True)

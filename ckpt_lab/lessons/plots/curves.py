@@ -157,7 +157,7 @@ def chunk_peaks(chunks, peaks, predicted, floor_bytes: int | None = None,
         ax.axhline(floor_bytes / MIB, color="tab:gray", ls=":", label="floor: the rest + 3 V H")
     ax.set_xscale("log", base=2)
     ax.set_xticks(chunks, [str(c) for c in chunks])
-    ax.set(title=title, xlabel="row chunks C of the loss", ylabel="step peak (MiB)",
+    ax.set(title=title, xlabel="row chunks C of the loss", ylabel="step peak (activations), MiB",
            ylim=(0, max(peaks) / MIB * 1.1))
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
@@ -190,7 +190,7 @@ def model_parity(measured, models: dict, title="Each plan's measured step peak a
         ax.plot([m / MIB for m in measured], [p / MIB for p in predicted], marker, mfc="none",
                 ms=7, label=name)
     ax.set(title=title, xlabel="measured step peak, activations (MiB)",
-           ylabel="model's peak (MiB)",
+           ylabel="model's step peak (MiB)",
            xlim=(0, top), ylim=(0, top))
     ax.title.set_fontsize(10)
     ax.legend(fontsize=8)

@@ -60,7 +60,8 @@ def plan_scatter(uniform, planned, front, total_cost: float,
     """
     fig, ax = plt.subplots(figsize=(7, 3.8))
     ax.step([p.peak_bytes / MIB for p in front], [100 * p.recompute_cost / total_cost for p in front],
-            where="post", color=PHASE_COLORS["recompute"], label="Pareto front (step model)")
+            where="post", color=PHASE_COLORS["recompute"],
+            label="least recompute at each step peak (step model)")
     for (pu, cu), (pp, cp) in zip(uniform, planned):
         ax.annotate("", (pp / MIB, 100 * cp / total_cost), (pu / MIB, 100 * cu / total_cost),
                     arrowprops=dict(arrowstyle="->", color="tab:gray", lw=0.8))
@@ -80,28 +81,34 @@ def plan_scatter(uniform, planned, front, total_cost: float,
 def combination_grid(rows: list, budget_bytes: int,
                      title="Which combination fits the budget, and at what recompute",
                      state_bytes: int = 0):
-    """Small multiples, one panel per micro-batch count: measured peak (MiB) against recompute
-    (% of a step's FLOPs); colour = checkpoint policy, marker = precision, filled = fits; the
-    budget as a dashed line. Each row: dict(policy, k, precision, peak, recompute_share), peak
-    the step peak (activations); with ``state_bytes`` the points are total peaks (model state
-    included) and the budget is one too."""
-    ks = sorted({r["k"] for r in rows})
+    """Small multiples, one panel per micro-batch count M: the measured peak (MiB) of each
+    checkpoint policy at its own place on the x axis, labelled with its recompute (% of a
+    step's FLOPs), fp32 (circle) just left of bf16 (square), so no two points share a place;
+    colour = policy, filled = fits; the budget as a dashed line. Each row: dict(policy, M,
+    precision, peak, recompute_share), peak the step peak (activations); with ``state_bytes``
+    the points are total peaks (model state included) and the budget is one too."""
+    Ms = sorted({r["M"] for r in rows})
     policies = list(dict.fromkeys(r["policy"] for r in rows))
+    share = {r["policy"]: r["recompute_share"] for r in rows}
     colors = dict(zip(policies, RUN_COLORS[:1] + ("tab:brown", PHASE_COLORS["recompute"])))
-    markers = {"fp32": "o", "bf16": "s"}
-    fig, axes = plt.subplots(1, len(ks), figsize=(3.6 * len(ks), 3.4), sharey=True, squeeze=False)
+    markers, offset = {"fp32": "o", "bf16": "s"}, {"fp32": -0.15, "bf16": 0.15}
+    fig, axes = plt.subplots(1, len(Ms), figsize=(3.6 * len(Ms), 3.6), sharey=True, squeeze=False)
     top = (state_bytes + max(r["peak"] for r in rows)) / MIB * 1.1
-    for ax, k in zip(axes[0], ks):
-        for r in (r for r in rows if r["k"] == k):
+    for ax, M in zip(axes[0], Ms):
+        for r in (r for r in rows if r["M"] == M):
             total = state_bytes + r["peak"]
             fits = total <= budget_bytes
-            ax.plot([100 * r["recompute_share"]], [total / MIB], markers[r["precision"]],
-                    color=colors[r["policy"]], mfc=colors[r["policy"]] if fits else "none", ms=8)
+            x = policies.index(r["policy"]) + offset[r["precision"]]
+            ax.plot([x], [total / MIB], markers[r["precision"]], color=colors[r["policy"]],
+                    mfc=colors[r["policy"]] if fits else "none", ms=8)
         ax.axhline(budget_bytes / MIB, color="k", ls="--", lw=1)
         if state_bytes:
             ax.axhspan(0, state_bytes / MIB, color=NEUTRAL_COLORS[0], alpha=0.25, lw=0)
-        ax.set(title=f"{k} micro-batch{'es' if k > 1 else ''}", xlabel="recompute, % of a step's FLOPs",
-               ylim=(0, top))
+        ax.set_xticks(range(len(policies)),
+                      [f"{p}\n+{100 * share[p]:.0f}%" for p in policies], fontsize=8)
+        ax.set(title=f"M = {M} micro-batch{'es' if M > 1 else ''}", ylim=(0, top),
+               xlim=(-0.6, len(policies) - 0.4))
+        ax.set_xlabel("checkpoint, recompute (% of FLOPs)", fontsize=8)
     axes[0][0].set_ylabel("total peak (model state included), MiB" if state_bytes else
                           "step peak (activations), MiB")
     handles = [plt.Line2D([], [], ls="", marker="o", color=c) for c in colors.values()]
@@ -187,7 +194,7 @@ def throughput_panels(panels: dict, title="Tokens per second against the step pe
         ax.title.set_fontsize(9)
     for row in axes:
         row[0].set_ylabel("thousand tokens / s")
-    names = {"none": "no checkpoint", "every": "full checkpointing",
+    names = {"none": "no checkpoint", "every": "full recomputation",
              "selective": "selective recomputation"}
     handles = [plt.Line2D([], [], ls="", marker="o", color=c) for c in POLICY_COLORS.values()]
     handles += [plt.Line2D([], [], ls="", marker="o", color="k", mfc="none"),
