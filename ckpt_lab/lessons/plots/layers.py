@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 from .style import GIB, MEASURED, MIB, NEUTRAL_COLORS, PHASE_COLORS, PREDICTED, _axes
 
 
-LAYER_PARTS = {"s × s scores (softmax, dropout)": ("softmax output", "attention dropout mask",
+LAYER_PARTS = {"T × T scores (softmax, dropout)": ("softmax output", "attention dropout mask",
                                                    "attention dropout output (for x V)"),
                "MLP at its intermediate width": ("GeLU input (intermediate)", "SiLU output",
                                                  "MLP down-projection input (intermediate)",
