@@ -99,7 +99,7 @@ def tracker_vs_allocator(run: dict) -> dict[str, dict]:
 def allocator_lines(run: dict, workloads=("mlp-gpu none", "gpt-gpu none", "resnet-gpu none")
                     ) -> list[str]:
     """Lesson 1's table of a committed GPU run: per workload, tensor bytes against allocator
-    bytes, and reserved bytes where the run has them; else a line saying the run predates it."""
+    bytes, and reserved bytes where the run has them; else max_memory_allocated alone, said so."""
     rows = tracker_vs_allocator(run)
     rows = {w: rows[w] for w in workloads if w in rows}
     where = f"{run['device']} (committed run, torch {run['torch']})"
@@ -119,8 +119,8 @@ def allocator_lines(run: dict, workloads=("mlp-gpu none", "gpt-gpu none", "resne
                   f"{show(r['allocated'])} allocated, {show(r['reserved'])} reserved"
                   for w, r in rows.items()]
         return lines
-    lines = [f"{where} predates the allocator-events table (per-op transients, reserved "
-             "bytes); it has torch.cuda.max_memory_allocated over one forward + backward:"]
+    lines = [f"{where}, one forward + backward, tensor peak -> torch.cuda.max_memory_allocated "
+             "(this run recorded no per-op temporaries or reserved bytes):"]
     lines += [f"  {w}, batch {r['batch']}: tensor peak {show(r['tensor_peak'])} -> "
               f"max_memory_allocated {show(r['max_allocated'])}"
               f"{over(r['max_allocated'], r['tensor_peak'])}" for w, r in rows.items()]

@@ -11,12 +11,12 @@ from ckpt_lab.lessons import committed
 WORKLOADS = ("mlp-gpu none", "gpt-gpu none", "resnet-gpu none")
 
 
-def test_the_committed_run_is_shown_or_said_to_predate_the_table():
+def test_the_committed_run_is_shown_or_said_to_lack_the_events():
     run = committed.gpu_result("gpu_check")
     rows = committed.tracker_vs_allocator(run)
     lines = committed.allocator_lines(run)
     assert len(lines) == 1 + len(WORKLOADS)
-    assert ("predates" in lines[0]) == (not all(rows[w]["events"] for w in WORKLOADS))
+    assert ("recorded no per-op" in lines[0]) == (not all(rows[w]["events"] for w in WORKLOADS))
     for w, line in zip(WORKLOADS, lines[1:]):
         assert line.startswith(f"  {w}, batch {rows[w]['batch']}:")
         assert rows[w]["max_allocated"] >= rows[w]["tensor_peak"]   # rounding, workspaces
@@ -31,7 +31,7 @@ def test_a_run_with_the_allocator_events_gets_its_table(one_thread):
     assert conv["events"] and conv["allocator_peak"] > conv["tensor_peak"]
     assert conv["at_peak"] == "convolution_backward" and conv["max_allocated"] is None
     lines = committed.allocator_lines(run, workloads=("mlp-tiny none", "resnet-tiny none"))
-    assert len(lines) == 3 and "predates" not in lines[0]
+    assert len(lines) == 3 and "recorded no per-op" not in lines[0]
     assert "convolution_backward" in lines[2] and "n/a allocated, n/a reserved" in lines[2]
     assert "(+0.0%)" in lines[1]                  # the MLP: the two numbers agree
 

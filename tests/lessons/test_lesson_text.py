@@ -102,7 +102,9 @@ def test_claim_checks_are_out_of_sight(name):
 
 
 def test_the_tour_derives_the_recomputed_blocks_from_the_chain():
-    """00[18]: the count of re-run blocks comes from L and S, not a typed number."""
+    """00[18]: the count of re-run blocks comes from L blocks (L + 2 layers) and S, not a typed
+    number; L counts blocks only, as in docs/notation.md."""
     code = "\n".join(_cells("00_tour", "code"))
-    assert "k = L // segments" in code and "recomputed = (segments - 1) * k - 1" in code
+    assert "L, N, H = size.depth," in code and "per_segment = (L + 2) // segments" in code
+    assert "recomputed = (segments - 1) * per_segment - 1" in code
     assert "recompute_matmuls == recomputed" in code          # and is checked against the run

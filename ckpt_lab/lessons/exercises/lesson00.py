@@ -16,7 +16,7 @@ from .base import Exercise, near, one_of
 TOUR = dict(block_size=64, width=128, depth=12)
 BATCH = 16
 LOSS_ANSWERS = ("identical", "close", "different")
-SEGMENTS = 4            # the tour's segments of the model's 14 layers (embedding, 12 blocks, head)
+SEGMENTS = 4            # the tour's segments of the model's L + 2 layers (embedding, L blocks, head)
 
 
 def _model_and_batches():
@@ -37,13 +37,16 @@ def _step(model, x, y, segments: int):
 
 @functools.lru_cache(maxsize=1)
 def peak_ratio() -> float:
-    """Measured: the checkpointed step's peak over the plain step's, at the tour's CPU sizes."""
+    """Measured: the checkpointed step's step peak (activations) over the plain step's, at the
+    tour's CPU sizes, the gradients allocated before each step as the tour does."""
     from ckpt_lab.measure.memory import track_memory
     make, batches = _model_and_batches()
     x, y = batches.get(0)
     peaks = []
     for plain in (True, False):
         model = make()
+        for p in model.parameters():        # model state, allocated before the step
+            p.grad = torch.zeros_like(p)
         with track_memory() as mem:
             _step(model, x, y, 1 if plain else SEGMENTS)
         peaks.append(mem.peak_bytes)
@@ -89,9 +92,10 @@ _losses = one_of(
 
 
 EXERCISES = [
-    Exercise("00.peak_ratio", "The tour's MLP (12 blocks of width 128, vocabulary 256, 1,024 "
-             "tokens) in 4 segments with checkpoint_sequential: its step's peak memory is what "
-             "fraction of the plain step's? (e.g. 1.0, 0.7, 0.5 or 0.25)", _peak_ratio,
+    Exercise("00.peak_ratio", "Guess (nothing yet lets you work it out): the tour's MLP (12 "
+             "blocks of width 128, vocabulary 256, 1,024 tokens) in 4 segments with "
+             "checkpoint_sequential: its step peak (activations) is what fraction of the plain "
+             "step's? (e.g. 1.0, 0.7, 0.5 or 0.25)", _peak_ratio,
              expected=peak_ratio),
     Exercise("00.same_losses", "Train the model 4 steps plain and 4 steps with checkpoints, "
              "same seed, same batches: are the losses 'identical' (bit for bit), 'close' "

@@ -118,8 +118,7 @@ TASK_STEPS = (  # (MLPConfig fields, B, optimizer): depths, widths, lengths and 
 )
 PART_HINTS = {
     "parameters": "every parameter is one fp32 number, 4 bytes: count them with "
-                  "sum(p.numel() for p in build_model(config).parameters()), or as embedding "
-                  "V*H, L blocks of H*H + H, head H*V + V",
+                  "sum(p.numel() for p in build_model(config).parameters())",
     "gradients": "a gradient has its parameter's shape, 4 bytes per parameter, whatever B is",
     "optimizer states": "AdamW keeps two fp32 moments per parameter (8 bytes), SGD with "
                         "momentum one (4), plain SGD none",
@@ -148,9 +147,8 @@ def _predict_parts(answer):
         except Exception as e:  # the learner's code: report, do not raise
             return False, f"Your function raised {type(e).__name__}: {e}"
         if predicted is None:
-            return False, ("not answered yet: predict_parts returns None. Hint: model state is "
-                           "bytes per parameter times the parameter count; activations are the "
-                           "lesson's formula, with N = B * T tokens.")
+            return False, ("not answered yet: predict_parts returns None. Hint: which parts "
+                           "depend on B? The others are a count times bytes per parameter.")
         if not isinstance(predicted, dict) or set(predicted) != set(PARTS):
             return False, f"Return a dict with exactly the keys {list(PARTS)}."
         measured = step_parts(batch, fields, optimizer=optimizer)
