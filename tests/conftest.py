@@ -1,14 +1,6 @@
-"""What several test modules share: fixtures, and `same`, the bitwise comparison of gradient
-lists (test modules import it: ``from conftest import same``)."""
+"""Fixtures several test modules share (the bitwise oracle `same` lives in `oracle.py`)."""
 import pytest
 import torch
-
-
-def same(a, b) -> bool:
-    """Two lists of tensors (or None) equal element by element, bit for bit."""
-    return len(a) == len(b) and all(
-        (u is None and v is None) or (u is not None and v is not None and torch.equal(u, v))
-        for u, v in zip(a, b))
 
 
 @pytest.fixture(scope="module")

@@ -149,3 +149,12 @@ def test_the_documented_calls_work_from_the_package():
     assert callable(formulas.megatron_layer_bytes) and callable(capacity.cheapest)
     assert callable(parallel_formulas.fsdp_state_bytes)
     assert ckpt_lab.checkpoint.checkpoint_sequential is ckpt_lab.checkpoint_sequential
+
+
+def test_no_test_module_imports_a_conftest():
+    """`make test` collects tests/ and notebooks/ together, so the module named `conftest` may
+    be the notebooks' one: shared helpers live in modules with their own names (oracle.py)."""
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
+                 if any(isinstance(n, ast.ImportFrom) and n.module == "conftest"
+                        for n in ast.walk(ast.parse(p.read_text())))]
+    assert not offenders, f"import from a module of its own, not conftest: {offenders}"

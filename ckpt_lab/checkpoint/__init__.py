@@ -10,6 +10,7 @@ folder: the design notes, numbered, one per guard, to which every module here po
 from __future__ import annotations
 
 import inspect
+import numbers
 import sys
 import types
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from .arguments import named_leaves
+from .debug import Trace
 from .guards import CheckpointError  # noqa: F401  (ckpt_lab.checkpoint.CheckpointError)
 from .guards import Guards, Versions
 from .hidden_inputs import modules_of
@@ -33,15 +35,17 @@ IMPLS = ("hooks", "reentrant")
 # ==================================================== the full checkpoint: guards, then a design
 _TORCH_ONLY = {
     "use_reentrant": "ckpt_lab calls it impl: impl='reentrant' or impl='hooks'",
-    "debug": "not supported; run the function without checkpoint to debug it",
 }
 DETERMINISM_CHECKS = ("default", "none", "fingerprint")
 
 
-def _contexts(context_fn, policy) -> tuple:
-    """The (forward, recompute) context managers ``context_fn`` returns (None, None if none)."""
+def check_options(determinism_check, context_fn, policy):
+    """Refuse options `checkpoint` (and `checkpoint_modules`) cannot run with."""
+    if determinism_check not in DETERMINISM_CHECKS:
+        raise ValueError(f"determinism_check must be one of {DETERMINISM_CHECKS} (as in "
+                         f"torch.utils.checkpoint), got {determinism_check!r}")
     if context_fn is None:
-        return None, None
+        return
     if policy is not None:
         raise ValueError("pass policy= (ckpt_lab's selective checkpointing) or context_fn= "
                          "(PyTorch's, e.g. create_selective_checkpoint_contexts), not both.")
@@ -49,6 +53,12 @@ def _contexts(context_fn, policy) -> tuple:
         raise TypeError(f"context_fn must be a callable that returns two context managers "
                         f"(forward, recompute), as torch.utils.checkpoint's does; got "
                         f"{type(context_fn).__name__}.")
+
+
+def _contexts(context_fn) -> tuple:
+    """The (forward, recompute) context managers ``context_fn`` returns (None, None if none)."""
+    if context_fn is None:
+        return None, None
     pair = context_fn()
     if not (isinstance(pair, tuple) and len(pair) == 2
             and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)):
@@ -61,7 +71,7 @@ def _contexts(context_fn, policy) -> tuple:
 @torch._disable_dynamo
 def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, policy=None,
                early_stop: bool = True, context_fn=None, determinism_check: str = "default",
-               **kwargs):
+               debug: bool = False, **kwargs):
     """Run ``fn(*args, **kwargs)`` keeping only its inputs; recompute the rest in backward.
 
     ``impl`` picks the design (``"hooks"``, the default, or ``"reentrant"``).
@@ -78,8 +88,10 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
     of every recomputed tensor with the forward's, as PyTorch's default does;
     ``"fingerprint"`` also compares their bits (a digest each, see note 10) and refuses what
     no other check sees.
+    ``debug=True``: a refusal of the recompute also shows the operations the forward and the
+    recompute ran, side by side, the first that differs marked (note 16).
     The names ``impl``, ``preserve_rng_state``, ``policy``, ``early_stop``, ``context_fn``,
-    ``determinism_check`` and PyTorch's ``use_reentrant`` and ``debug`` belong to
+    ``determinism_check``, ``debug`` and PyTorch's ``use_reentrant`` belong to
     ``checkpoint``, so ``fn`` cannot receive keyword arguments with those names.
     Under ``torch.compile`` the call is a graph break: the checkpointed region runs eagerly
     (note 13). What is checked, and how this differs from PyTorch's: NOTES.md, notes 2-15.
@@ -91,21 +103,27 @@ def checkpoint(fn, *args, impl: str = "hooks", preserve_rng_state: bool = True, 
     for name in _TORCH_ONLY.keys() & kwargs.keys():
         raise TypeError(f"checkpoint() got {name}=, an argument of torch.utils.checkpoint: "
                         f"{_TORCH_ONLY[name]}.")
-    if determinism_check not in DETERMINISM_CHECKS:
-        raise ValueError(f"determinism_check must be one of {DETERMINISM_CHECKS} (as in "
-                         f"torch.utils.checkpoint), got {determinism_check!r}")
-    forward_context, recompute_context = _contexts(context_fn, policy)
+    check_options(determinism_check, context_fn, policy)
+    forward_context, recompute_context = _contexts(context_fn)
     selective = None if policy is None else SelectiveFunction(fn, policy, error=CheckpointError)
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        raise CheckpointError(
+            "checkpoint cannot run inside a torch.func transform (vmap, grad, jvp, jacrev, ...): "
+            "its recompute runs in backward, after the transform has returned. Put the "
+            "transform inside the checkpoint, checkpoint(torch.func.vmap(f), x), which is exact "
+            "in both designs; for forward-mode derivatives use torch.autograd.forward_ad, "
+            "which works through checkpoint.")
     leaves = named_leaves(args, kwargs)
     modules = modules_of(fn, leaves)
     params = list({id(p): p for m in modules for p in m.parameters()}.values())
     tensors = [t for _, t in leaves if isinstance(t, torch.Tensor)]
     generators = [g for _, g in leaves if isinstance(g, torch.Generator)]
     guards = Guards(Replay.capture(tensors + params, generators, preserve_rng_state),
-                    Versions.capture(leaves, params, modules), ModuleState(modules),
-                    recompute_context, determinism_check == "fingerprint")
+                    Versions.capture(leaves, modules), ModuleState(modules),
+                    recompute_context, determinism_check == "fingerprint",
+                    Trace() if debug else None)
     fn = fn if selective is None else selective
     if impl == "hooks":
         return checkpoint_hooks(fn, args, kwargs, tensors, guards, forward_context,
@@ -122,10 +140,11 @@ def segment_starts(num_layers: int, segments: int | None = None,
     if (segments is None) == (boundaries is None):
         raise ValueError("pass exactly one of segments=<int> or boundaries=<list of starts>")
     if segments is not None:
-        if isinstance(segments, bool) or not isinstance(segments, int) \
+        if isinstance(segments, bool) or not isinstance(segments, numbers.Integral) \
                 or not 1 <= segments <= num_layers:
             raise ValueError(f"segments must be an int between 1 and the number of layers "
                              f"({num_layers}), got {segments!r}")
+        segments = int(segments)
         size = num_layers // segments
         return [i * size for i in range(segments)]
     starts = [int(b) for b in boundaries]

@@ -2,8 +2,9 @@
 (Design note 8, in NOTES.md.)
 
 A checkpointed function may take tensors, modules and generators nested in lists, tuples and
-dicts, and may return tensors so nested. `named_leaves` names each one found in the arguments
-(for the version checks' messages and the module search of `hidden_inputs`); `flatten` and `unflatten`
+dicts (and, for the version checks, in mappings and dataclasses), and may return tensors so
+nested. `named_leaves` names each one found in the arguments (for the version checks' messages
+and the module search of `hidden_inputs`); `flatten` and `unflatten`
 turn arguments and outputs into flat lists and back, so each tensor in them is connected to the
 graph; `fresh_input` gives the recompute its own leaf of an input. Both designs
 (`checkpoint_hooks`, `checkpoint_reentrant`) use them; `tensors_in`, the tensors of a nested
@@ -11,21 +12,33 @@ argument list in order, serves `wrap` and `plan.recorded_step`, which watch bloc
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
-def _walk(obj, path: str, out: list):
-    """Collect (path, leaf) for tensors and modules in nested lists, tuples and dicts."""
+def _walk(obj, path: str, out: list, seen: set):
+    """Collect (path, leaf) for tensors, modules and generators in nested lists, tuples, deques,
+    mappings (a dict, Hugging Face's ``BatchEncoding``) and dataclasses."""
     if isinstance(obj, (torch.Tensor, nn.Module, torch.Generator)):
         out.append((path, obj))
-    elif isinstance(obj, (list, tuple)):
+        return
+    if isinstance(obj, (str, bytes, int, float, bool, type(None))) or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple, collections.deque)):
         for i, v in enumerate(obj):
-            _walk(v, f"{path}[{i}]", out)
-    elif isinstance(obj, dict):
+            _walk(v, f"{path}[{i}]", out, seen)
+    elif isinstance(obj, Mapping):
         for k, v in obj.items():
-            _walk(v, f"{path}[{k!r}]", out)
+            _walk(v, f"{path}[{k!r}]", out, seen)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _walk(getattr(obj, f.name, None), f"{path}.{f.name}", out, seen)
 
 
 def tensors_in(tree) -> list:
@@ -42,10 +55,11 @@ def tensors_in(tree) -> list:
 def named_leaves(args, kwargs) -> list[tuple[str, object]]:
     """Tensors, modules and generators in the arguments, named like ``argument 0[1]``."""
     out: list = []
+    seen: set = set()
     for i, a in enumerate(args):
-        _walk(a, f"argument {i}", out)
+        _walk(a, f"argument {i}", out, seen)
     for k, v in kwargs.items():
-        _walk(v, f"keyword argument {k!r}", out)
+        _walk(v, f"keyword argument {k!r}", out, seen)
     return out
 
 

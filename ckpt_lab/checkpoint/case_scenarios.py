@@ -322,3 +322,249 @@ def compiled(backend: str):
         torch._dynamo.reset()
         return _grads([x, *model.parameters()])
     return run
+
+
+# --------------------------------------- 8. Python state a forward changes (issue 28: 2, 5, 7)
+class DynamicRope(nn.Module):
+    """Hugging Face's dynamic RoPE (``rope_type="dynamic"``), reduced: a sequence longer than
+    any seen re-registers the ``inv_freq`` buffer and records its length in a plain int."""
+
+    def __init__(self, dim: int = 6):
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("inv_freq", self._frequencies(4), persistent=False)
+        self.max_seq_len_cached = 4
+
+    def _frequencies(self, length: int) -> torch.Tensor:
+        base = 10000.0 * (length / 4) ** (self.dim / (self.dim - 2))
+        return 1.0 / base ** (torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim)
+
+    def forward(self, x):                          # x: (batch, sequence, dim)
+        length = x.shape[1]
+        if length > self.max_seq_len_cached:       # growth: scale the frequencies
+            self.register_buffer("inv_freq", self._frequencies(length), persistent=False)
+            self.max_seq_len_cached = length
+        angles = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq
+        cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+def dynamic_rope(wrap):
+    torch.manual_seed(0)
+    rope, lin = DynamicRope(), nn.Linear(6, 6)
+    x = torch.randn(2, 9, 6, requires_grad=True)
+    wrap(lambda t: torch.tanh(rope(lin(t))), x).square().sum().backward()
+    return _grads([x, *lin.parameters()]) + [rope.inv_freq.clone(),
+                                             torch.tensor(rope.max_seq_len_cached)]
+
+
+class Scheduled(nn.Module):
+    """Scales its output by a call counter that a forward pre-hook keeps as a plain attribute
+    (a warm-up schedule, a step count for logging)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.calls = 0
+        self.register_forward_pre_hook(Scheduled._count)
+
+    @staticmethod
+    def _count(module, args):
+        module.calls += 1
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * (1.0 + 0.5 * self.calls)
+
+
+def pre_hook_counter(wrap):
+    torch.manual_seed(0)
+    model = Scheduled()
+    x = torch.randn(3, 6, requires_grad=True)
+    wrap(model, x).square().sum().backward()
+    return _grads([x, *model.parameters()]) + [torch.tensor(model.calls)]
+
+
+def _double(module, args, out):
+    return out * 2
+
+
+def hook_inside(wrap):
+    """The function registers a forward hook and removes it at its end, after its last saved
+    tensor; a later forward shows whether the hook was left behind."""
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 6)
+    x = torch.randn(3, 6, requires_grad=True)
+
+    def f(t):
+        handle = lin.register_forward_hook(_double)
+        y = torch.tanh(lin(t)) * 3                 # a multiply by a number saves nothing
+        handle.remove()
+        return y
+
+    wrap(f, x).square().sum().backward()
+    with torch.no_grad():
+        later = lin(torch.ones(1, 6))
+    return _grads([x, *lin.parameters()]) + [later]
+
+
+# -------------------------------- 9. what only the reentrant design meets (issue 28: 3, 4, 15)
+def gradient_penalty(wrap):
+    """A gradient penalty (WGAN-GP): ``torch.autograd.grad(..., create_graph=True)``."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 1))
+    x = torch.randn(4, 6, requires_grad=True)
+    out = wrap(net, x)
+    (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    (out.square().sum() + g.square().sum()).backward()
+    return _grads([x, *net.parameters()])
+
+
+def hook_on_input(wrap):
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 6)
+    x = torch.randn(3, 6, requires_grad=True)
+
+    def f(t):
+        t.register_hook(lambda g: g * 2)
+        return torch.tanh(lin(t))
+
+    wrap(f, x * 1.0).square().sum().backward()
+    return _grads([x, *lin.parameters()])
+
+
+def leaf_inside(wrap):
+    """The function creates a leaf that requires grad (a scale it learns) and keeps it."""
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 6)
+    x = torch.randn(3, 6, requires_grad=True)
+    made = []
+
+    def f(t):
+        made.append(torch.full((6,), 0.5, requires_grad=True))
+        return torch.tanh(lin(t)) * made[-1]
+
+    wrap(f, x).square().sum().backward()
+    return _grads([x, *lin.parameters(), made[0]])
+
+
+class Experts(nn.Module):
+    """A mixture-of-experts layer that stores its load-balancing loss on ``self``."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.experts = nn.Linear(6, 2), nn.ModuleList(nn.Linear(6, 6)
+                                                                  for _ in range(2))
+        self.aux_loss = None
+
+    def forward(self, x):
+        weights = torch.softmax(self.gate(x), dim=-1)
+        self.aux_loss = weights.mean(0).square().sum()
+        return sum(weights[:, i:i + 1] * e(x) for i, e in enumerate(self.experts))
+
+
+def aux_loss(wrap):
+    torch.manual_seed(0)
+    model = Experts()
+    x = torch.randn(4, 6, requires_grad=True)
+    out = wrap(model, x)
+    (out.square().sum() + model.aux_loss).backward()
+    return _grads([x, *model.parameters()])
+
+
+# ------------------------------------------ 10. arguments in containers (issue 28: item 6)
+@dataclass
+class Batch:
+    """Arguments bundled in a dataclass, as training code often passes them."""
+
+    bias: torch.Tensor
+
+
+def edited_in_container(kind: str):
+    """An additive mask in a dataclass or a mapping (Hugging Face's ``BatchEncoding`` is a
+    ``UserDict``), edited in place before backward; no operation saves it."""
+    def run(wrap):
+        import collections
+        torch.manual_seed(0)
+        lin = nn.Linear(6, 6)
+        x = torch.randn(3, 6, requires_grad=True)
+        bias = torch.zeros(6)
+        held = Batch(bias) if kind == "dataclass" else collections.UserDict(bias=bias)
+
+        def f(t, batch):
+            b = batch.bias if kind == "dataclass" else batch["bias"]
+            return torch.tanh(lin(t) + b)
+
+        out = wrap(f, x, held)
+        bias.fill_(-1e4)                           # the next step's mask, written in place
+        out.square().sum().backward()
+        return _grads([x, *lin.parameters()])
+    return run
+
+
+# -------------------------------- 11. what the region itself read (issue 28: 9, 10, 11)
+class _Blocks(nn.Module):
+    """Blocks each checkpointed through a closure over the whole model."""
+
+    def __init__(self, wrap):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+                                    for _ in range(3))
+        self.wrap = wrap
+
+    def forward(self, h):
+        for i in range(3):
+            h = self.wrap(lambda t, i=i: self.blocks[i](t), h)
+        return h
+
+
+def optimizer_in_backward(wrap):
+    """torchtune's idiom: each parameter steps in its post-accumulate-grad hook, so a later
+    block's weights change before an earlier block's backward."""
+    torch.manual_seed(0)
+    model = _Blocks(wrap)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(_sgd_step)
+    x = torch.randn(3, 6, requires_grad=True)
+    model(x).square().sum().backward()
+    return _grads([x]) + [p.detach().clone() for p in model.parameters()]
+
+
+def _sgd_step(p):
+    with torch.no_grad():
+        p.add_(p.grad, alpha=-0.1)
+    p.grad = None
+
+
+def own_parameter_changed(kind: str):
+    """A parameter its own module changes in the forward: ``nn.Embedding(max_norm=...)``
+    renormalises rows in place, ``nn.LazyLinear`` initialises itself on its first call."""
+    def run(wrap):
+        torch.manual_seed(0)
+        if kind == "embedding":
+            module = nn.Embedding(10, 6, max_norm=1.0)
+            x = torch.tensor([[1, 2, 4], [4, 3, 9]])
+            wrap(lambda i: torch.tanh(module(i)), x).square().sum().backward()
+            return _grads([*module.parameters()]) + [module.weight.detach().clone()]
+        module = nn.LazyLinear(6)
+        x = torch.randn(3, 5, requires_grad=True)
+        wrap(lambda t: torch.tanh(module(t)), x).square().sum().backward()
+        return _grads([x, *module.parameters()])
+    return run
+
+
+def catches_exception(wrap):
+    """``except Exception`` around the function's work, with a fallback that saves."""
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 6)
+    x = torch.randn(3, 6, requires_grad=True)
+
+    def f(t):
+        try:
+            return torch.tanh(lin(t)) * 2
+        except Exception:                          # noqa: BLE001 (a user's broad fallback)
+            return torch.sigmoid(lin(t))
+
+    wrap(f, x).square().sum().backward()
+    return _grads([x, *lin.parameters()])

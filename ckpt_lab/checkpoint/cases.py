@@ -19,8 +19,11 @@ design. `outcome` compares one design with plain autograd, bitwise (CPU fp32):
 follow issue 19: 1 nested outputs with a residual, 2 code that depends on grad mode, 3 modules
 that change their own state in forward, 4 state changed between forward and backward, 5 an
 optimizer step before backward with the module reached indirectly, 6 ``backward(inputs=...)``,
-7 ``torch.compile`` (slow: inductor compiles C++). `LESSON_ROWS` are the rows lesson 2 shows:
-the six faults and one case per class. A new case is one more entry in `CASES`; `grid` and
+7 ``torch.compile`` (slow: inductor compiles C++); classes 8-11 follow issue 28: 8 Python state a
+forward changes (plain attributes, a hook it registers and removes), 9 what only the reentrant
+design meets (``create_graph``, hooks and leaves made inside, a tensor stored on ``self``), 10
+arguments in a dataclass or a mapping, 11 versions of what the region itself read.
+`LESSON_ROWS` are the rows lesson 2 shows: the six faults and one case per class of issue 19. A new case is one more entry in `CASES`; `grid` and
 ``plots.verdict_grid`` take any number of rows.
 """
 from __future__ import annotations
@@ -142,6 +145,48 @@ CASES = [
     Case(7, "torch.compile, inductor", fc.compiled("inductor"),
          _expect(RIGHT, RIGHT, RIGHT, RIGHT), slow=True, exact=False,
          notes="compared with allclose: inductor fuses the code around the checkpoint"),
+]
+
+_CONTAINED = r"argument 1\.bias|argument 1\['bias'\]"
+
+CASES += [
+    Case(8, "dynamic RoPE: buffer re-registered, length in an int", fc.dynamic_rope,
+         _expect(RIGHT, RIGHT, RIGHT, RIGHT), guard="plain attributes replayed",
+         notes="Hugging Face's rope_type='dynamic'"),
+    Case(8, "counter in a forward pre-hook", fc.pre_hook_counter,
+         _expect(WRONG, WRONG, RIGHT, RIGHT), guard="plain attributes replayed"),
+    Case(8, "hook registered and removed inside", fc.hook_inside,
+         _expect(WRONG, RIGHT, RIGHT, RIGHT), guard="hooks an early stop leaves removed",
+         notes="an early stop skips the removal: the hook stays on the module"),
+    Case(9, "gradient penalty (create_graph=True)", fc.gradient_penalty,
+         _expect(RIGHT, REFUSES, RIGHT, REFUSES), guard="create_graph refused by reentrant",
+         refusal=r"create_graph=True.*Use impl='hooks'",
+         notes="a reentrant recompute's gradients differentiated again sum in another order"),
+    Case(9, "hook registered on the input inside", fc.hook_on_input,
+         _expect(WRONG, WRONG, RIGHT, RIGHT), guard="recompute's own hooks dropped",
+         notes="the hook would run on the recompute's input and again on the real one"),
+    Case(9, "leaf requiring grad created inside", fc.leaf_inside,
+         _expect(RIGHT, WRONG, RIGHT, RIGHT), guard="recomputed leaves matched to the forward's"),
+    Case(9, "auxiliary loss stored on self (MoE)", fc.aux_loss,
+         _expect(RIGHT, WRONG, RIGHT, REFUSES), guard="tensors that escape the outputs",
+         refusal=r"not return.*self\.aux_loss.*Return it.*impl='hooks'"),
+    Case(10, "mask in a dataclass edited before backward", fc.edited_in_container("dataclass"),
+         _expect(WRONG, WRONG, REFUSES, REFUSES), guard="input versions, containers walked",
+         refusal=_CONTAINED + r".*was modified in place.*Clone it first"),
+    Case(10, "mask in a Mapping (BatchEncoding) edited", fc.edited_in_container("mapping"),
+         _expect(WRONG, WRONG, REFUSES, REFUSES), guard="input versions, containers walked",
+         refusal=_CONTAINED + r".*was modified in place.*Clone it first"),
+    Case(11, "optimizer in backward, closure over the model", fc.optimizer_in_backward,
+         _expect(RIGHT, RIGHT, RIGHT, RIGHT), guard="versions of what the region read",
+         notes="torchtune's idiom: a later block steps before an earlier block's backward"),
+    Case(11, "Embedding(max_norm) renormalises its weight", fc.own_parameter_changed("embedding"),
+         _expect(RIGHT, REFUSES, RIGHT, RIGHT), guard="parameter versions after the forward",
+         notes="torch's reentrant: no input requires grad, so no output does"),
+    Case(11, "LazyLinear's first call", fc.own_parameter_changed("lazy"),
+         _expect(RIGHT, RIGHT, RIGHT, RIGHT), guard="parameter versions after the forward"),
+    Case(11, "except Exception inside the function", fc.catches_exception,
+         _expect(REFUSES, RIGHT, RIGHT, RIGHT), guard="a stop signal no except Exception catches",
+         notes="torch's early stop raises an Exception the function catches (AssertionError)"),
 ]
 
 FAULTS = [c for c in CASES if c.cls == 0]

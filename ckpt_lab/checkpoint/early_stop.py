@@ -14,8 +14,9 @@ from __future__ import annotations
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-class StopRecompute(Exception):
-    """Raised once the recompute has produced every tensor backward needs (early stop)."""
+class StopRecompute(BaseException):
+    """Raised once the recompute has produced every tensor backward needs (early stop); not an
+    ``Exception``, so an ``except Exception:`` inside the function lets it through."""
 
 
 _WRITES: dict = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .guards import CheckpointError
+from .guards import CheckpointError, op_name
 
 
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -59,7 +59,7 @@ def _in_words(shape, stride, offset: int, size: int) -> bool:
 def first_difference(rows) -> int | None:
     """First row (i, forward's, recompute's, recompute's at the end) that differs; or None."""
     # A row counts only if the recompute's own fingerprint stayed put until the end (see
-    # checkpoint_hooks._Frame._compare). One host sync per device.
+    # hooks._Recompute._compare). One host sync per device.
     by_device: dict = {}
     for k, row in enumerate(rows):
         by_device.setdefault(row[1].device, []).append((k, *row[1:4]))
@@ -72,6 +72,14 @@ def first_difference(rows) -> int | None:
                 k = group[int(bad.nonzero()[0, 0])][0]
                 first = k if first is None else min(first, k)
     return first
+
+
+def check_digests(rows, name) -> None:
+    """Refuse the first row (index, forward's, recompute's, recompute's at the end, node class)
+    whose fingerprint differs; ``name(index)`` names its tensor."""
+    k = first_difference(rows)
+    if k is not None:
+        raise differs(name(rows[k][0]), op_name(rows[k][4]))
 
 
 def differs(what: str, op: str) -> CheckpointError:

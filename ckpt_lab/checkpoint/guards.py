@@ -8,9 +8,9 @@ first; nothing in autograd checks that claim. These do, each a silent wrong grad
   device (`meta_of`, `mismatch`); a function that branches on global state is refused.
 * versions: plain autograd refuses a saved tensor modified in place ("modified by an inplace
   operation"); a checkpoint saves no tensor for autograd to check, so `Versions` checks by
-  itself the tensor arguments, the parameters of the function's modules and every leaf its
-  graph reached (`hidden_inputs.graph_leaves`), and each saved tensor through a storage-less alias
-  sharing its version counter (`probe`). An optimizer step before backward is refused.
+  itself the tensor arguments, the parameters of the modules that ran and every leaf its
+  graph reached (`hidden_inputs.graph_leaves`), and each saved tensor through a storage-less
+  alias sharing its version counter (`probe`). An optimizer step before backward is refused.
 * holders: under saved-tensor hooks autograd stores whatever the pack hook returns; a
   checkpoint returns a `Holder`, empty until the recompute fills it with the tensor that was
   saved and emptied again once backward has used it, so the activation lives only between the
@@ -19,8 +19,8 @@ first; nothing in autograd checks that claim. These do, each a silent wrong grad
   compare the recompute against. The reentrant design keeps records only, for their probes.
 * `Guards` bundles what one call checks and replays (the generators and autocast, `replay`;
   the module state, `module_state`; ``context_fn``'s recompute context; whether to compare
-  fingerprints, `fingerprint`), shared by both designs: `Guards.check` before a recompute,
-  `Guards.recomputing` around it.
+  fingerprints, `fingerprint`; with ``debug=True`` the trace of both runs, `debug`), shared by
+  both designs: `Guards.check` before a recompute, `Guards.recomputing` around it.
 
 Every check refuses with `CheckpointError` (``ckpt_lab.CheckpointError``), naming the tensor
 (`describe`) and the operation (`op_name`), and saying what to do.
@@ -88,11 +88,12 @@ def probe(t: torch.Tensor) -> torch.Tensor | None:
     """A storage-less alias of ``t`` that shares its version counter: sees in-place edits of
     ``t`` (and of its views and base) without keeping its memory alive."""
     try:
-        alias = t.detach()
-        empty = _EMPTY.get(t.device)
-        if empty is None:
-            empty = _EMPTY[t.device] = torch.empty(0, device=t.device)
-        alias.data = empty                    # drops the storage, keeps the version counter
+        with torch._C._DisableTorchDispatch():   # unseen by context_fn's and track_memory's modes
+            alias = t.detach()
+            empty = _EMPTY.get(t.device)
+            if empty is None:
+                empty = _EMPTY[t.device] = torch.empty(0, device=t.device)
+            alias.data = empty                # drops the storage, keeps the version counter
         return alias
     except (RuntimeError, TypeError):         # inference tensors, exotic subclasses
         return None
@@ -100,22 +101,25 @@ def probe(t: torch.Tensor) -> torch.Tensor | None:
 
 @dataclass
 class Versions:
-    """The version of each tensor argument and module parameter when the forward began, and
-    of each leaf tensor requiring grad that the forward read (`graph_leaves`) when it ended."""
+    """The version of each tensor argument when the forward began, and, when it ended, of each
+    parameter it read: those of the modules that ran in it and every leaf tensor requiring grad
+    that its graph reached (`graph_leaves`). Taken then, a parameter its own module changes
+    in the forward (``nn.Embedding(max_norm=...)``, ``nn.LazyLinear``'s first call) is read by
+    the recompute as the forward left it, and a later block's optimizer step in backward
+    (torchtune's optimizer in backward) is no edit of what this region read."""
 
     inputs: list[tuple[str, weakref.ref, int]]
     params: list[tuple[nn.Parameter, int]]
     modules: list[nn.Module]
 
     @staticmethod
-    def capture(leaves, params, modules) -> "Versions":
-        """The versions now, as the forward starts."""
+    def capture(leaves, modules) -> "Versions":
+        """The arguments' versions now, as the forward starts."""
         return Versions([(name, weakref.ref(t), t._version) for name, t in leaves
-                         if isinstance(t, torch.Tensor)],
-                        [(p, p._version) for p in params], modules)
+                         if isinstance(t, torch.Tensor)], [], modules)
 
     def add(self, tensors):
-        """Also check these (the leaves the forward read), from their version now on."""
+        """Also check these (what the forward read), from their version now on."""
         known = {id(p) for p, _ in self.params}
         self.params += [(t, t._version) for t in tensors if id(t) not in known]
 
@@ -196,6 +200,7 @@ class Guards:
     state: object                    # module_state.ModuleState: the modules' state
     recompute_context: object        # context_fn's second context manager (or None)
     fingerprint: bool                # determinism_check="fingerprint"
+    trace: object = None             # debug.Trace with debug=True
 
     def check(self, saved):
         """Refuse if anything the recompute reads changed since the forward (see Versions)."""
@@ -212,7 +217,12 @@ class Guards:
         undo = self.state.swap_in()
         try:
             with self.replay.restored(), torch.enable_grad(), phase("recompute"), \
-                    (self.recompute_context or contextlib.nullcontext()):
+                    (self.recompute_context or contextlib.nullcontext()), \
+                    (self.trace.start_recompute() if self.trace else contextlib.nullcontext()):
                 yield
         finally:
             self.state.swap_out(undo)
+
+    def explain(self, error: CheckpointError) -> CheckpointError:
+        """``error``, with the operations of the forward and the recompute if ``debug=True``."""
+        return error if self.trace is None else self.trace.explain(error)

@@ -1,20 +1,23 @@
-"""The parameters and buffers a checkpointed function's modules had when its forward ran.
-(Design note 5, in NOTES.md.)
+"""The parameters, buffers and plain attributes a checkpointed function's modules had when its
+forward ran. (Design note 5, in NOTES.md.)
 
-A recompute re-runs the forward inside backward, reading every module attribute again. Three
+A recompute re-runs the forward inside backward, reading every module attribute again. Four
 things can make it read something else than the forward did, each a silent wrong gradient in
 ``torch.utils.checkpoint``:
 
 * the forward changed a buffer itself: a QAT ``FakeQuantize`` observer widening its range,
   ``spectral_norm``'s power iteration, a ``self.step += 1`` counter, batch norm's running
   statistics. The recompute would start from the updated values.
+* the forward changed a plain attribute: a call counter a pre-hook keeps, Hugging Face's
+  dynamic RoPE recording the longest sequence seen (``max_seq_len_cached``) beside the buffer
+  it re-registers. The recompute would take another branch.
 * a buffer was modified in place between forward and backward.
 * a parameter or buffer was replaced by another object (``m.weight = nn.Parameter(...)``).
 
-`ModuleState` makes the first and the third exact and refuses the second, for the modules the
-checkpoint finds (``hidden_inputs.modules_of``) and their submodules, of which it keeps watching
-the buffers of those that ran in the forward (a buffer read outside its module's forward is
-caught only by ``determinism_check="fingerprint"``):
+`ModuleState` makes the first, second and fourth exact and refuses the third, for the modules
+the checkpoint finds (``hidden_inputs.modules_of``) and their submodules, of which it keeps
+watching those that ran in the forward (a buffer read outside its module's forward is caught
+only by ``determinism_check="fingerprint"``):
 
 * at the forward's entry it records every parameter and buffer object and its version, and
   copies the *persistent* buffers (those in ``state_dict``: the module's state; a
@@ -22,6 +25,11 @@ caught only by ``determinism_check="fingerprint"``):
   for nothing);
 * after the forward it keeps the copy of each buffer the forward changed (its version counter
   moved, or the module now holds another object) and drops the rest;
+* it keeps a shallow copy of each module's ``__dict__`` (its plain attributes: ints, flags,
+  ``training``, tensors that are no buffer), and around the recompute every attribute that is
+  not the object it was at the forward's entry is set back to that object (one the forward
+  added is taken away), and put back after: what changes inside a container held in an
+  attribute (a list appended to) is not seen;
 * around the recompute it puts the forward's objects back in place, each changed buffer as a
   fresh copy of its entry value, and each buffer the forward saved for backward as a fresh
   copy of its current value (batch norm updates its running statistics without moving their
@@ -35,13 +43,15 @@ What it costs, all of it visible to ``track_memory``: one copy of the persistent
 the forward; after it, until backward, the copies of the buffers the forward changed (batch
 norm: its 8-byte batch counter); during the recompute, fresh copies of the changed and saved
 buffers (batch norm: its counter, until the recompute ends, and its two statistics, held by its
-saved tensors until its backward); and a
-Python loop over the modules' parameters and buffers. ``profile.profile_layers`` measures these
+saved tensors until its backward); a copy of each module's attribute dictionary (Python objects,
+not tensors) until backward; and a Python loop over the modules' parameters, buffers and
+attributes. ``profile.profile_layers`` measures these
 copies per layer and ``planner.step_peak_bytes`` counts each where it lives.
 """
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 
 import torch
@@ -65,6 +75,7 @@ def saw_saved(t: torch.Tensor):
 
 
 _SAME, _SAVED, _CHANGED = "same", "saved", "changed"
+_MISSING = object()          # an attribute the module did not have
 
 
 class _Buffer:
@@ -84,6 +95,7 @@ class ModuleState:
     def __init__(self, modules):
         self.params: list[tuple[nn.Module, str, nn.Parameter]] = []
         self.buffers: list[_Buffer] = []
+        self.attributes: list[tuple[nn.Module, dict]] = []   # (module, its __dict__ copied)
         todo, seen = list(modules), set()
         while todo:                        # (Module.modules() builds a name for each one)
             m = todo.pop()
@@ -91,6 +103,7 @@ class ModuleState:
                 continue
             seen.add(id(m))
             todo += [c for c in m._modules.values() if c is not None]
+            self.attributes.append((m, dict(m.__dict__)))
             self.params += [(m, n, p) for n, p in m._parameters.items() if p is not None]
             if m._buffers:
                 skip = m._non_persistent_buffers_set
@@ -132,6 +145,8 @@ class ModuleState:
             self.buffers = [b for b in self.buffers if id(b.module) in ran
                             or b.module._buffers.get(b.name) is not b.obj
                             or b.obj._version != b.version]
+            self.params = [(m, n, p) for m, n, p in self.params if id(m) in ran]
+            self.attributes = [(m, a) for m, a in self.attributes if id(m) in ran]
         for b in self.buffers:
             if b.module._buffers.get(b.name) is not b.obj or b.obj._version != b.version:
                 b.mode = _CHANGED
@@ -142,6 +157,22 @@ class ModuleState:
             b.version = b.obj._version     # where a change after this point is someone else's
         self._by_id = {}
         self.settled = True
+
+    def parameters_read(self) -> list:
+        """After the forward: the parameters of the modules that ran in it."""
+        return [p for _, _, p in self.params]
+
+    def drop_hooks_since(self, first: int):
+        """Remove the hooks registered since the handle id ``first`` (by a recompute that
+        stopped early, before the function removed them) from these modules and the global
+        module hooks."""
+        tables = [v for m, _ in self.attributes for k, v in vars(m).items()
+                  if "hooks" in k and isinstance(v, dict)]
+        tables += [v for k, v in vars(nn.modules.module).items()
+                   if k.startswith("_global_") and "hooks" in k and isinstance(v, dict)]
+        for table in tables:
+            for key in [k for k in table if isinstance(k, int) and k >= first]:
+                del table[key]
 
     def check(self, error=RuntimeError):
         """Refuse a buffer that was modified in place between forward and backward."""
@@ -181,10 +212,30 @@ class ModuleState:
             if now is not want:
                 undo.append((b.module._buffers, b.name, now))
                 b.module._buffers[b.name] = want
+        for m, entry in self.attributes:
+            _swap_attributes(m.__dict__, entry, undo)
         return undo
 
     @staticmethod
     def swap_out(undo: list):
         """Restore what the modules held before `swap_in`."""
         for table, name, value in reversed(undo):
-            table[name] = value
+            if value is _MISSING:
+                table.pop(name, None)
+            else:
+                table[name] = value
+
+
+def _swap_attributes(now: dict, entry: dict, undo: list):
+    """Set a module's attributes back to the objects they were at the forward's entry."""
+    if len(now) == len(entry) and all(map(operator.is_, now.values(), entry.values())) \
+            and all(map(operator.is_, now, entry)):
+        return                             # nothing changed (the usual case): a loop in C
+    for name, value in entry.items():
+        held = now.get(name, _MISSING)
+        if held is not value:
+            undo.append((now, name, held))
+            now[name] = value
+    if len(now) != len(entry):
+        for name in [n for n in now if n not in entry]:
+            undo.append((now, name, now.pop(name)))

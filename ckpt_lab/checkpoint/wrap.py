@@ -7,7 +7,9 @@ arguments (attention masks, position embeddings, caches) and get tuples back.
 matches a ``forward`` that runs the original one under ckpt_lab's `checkpoint`.
 
 * Only ``module.forward`` changes (an instance attribute shadows the class's method, as
-  Accelerate's hooks do), so ``nn.Module.__call__`` still runs the module's forward pre-hooks
+  Accelerate's hooks do): a `CheckpointedForward`, a plain object that holds the module, so
+  a copy of the model (``deepcopy``, ``AveragedModel``, ``torch.save``) runs its own weights.
+  ``nn.Module.__call__`` still runs the module's forward pre-hooks
   and forward hooks once each, outside the checkpoint; parameters, buffers and
   ``state_dict`` keys are untouched. ``remove()`` deletes the attribute (or puts back one that
   was there), which restores the model exactly.
@@ -22,14 +24,15 @@ Which blocks to checkpoint for a budget: `ckpt_lab.plan.module_planner.plan_modu
 """
 from __future__ import annotations
 
+import functools
+import types
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from . import IMPLS, checkpoint
+from . import IMPLS, check_options, checkpoint
 
-_MARK = "_ckpt_lab_original_forward"
 CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past")
 
 
@@ -125,8 +128,24 @@ def _refuse_cache(kwargs):
             "model.config.use_cache = False); generation under torch.no_grad() is unaffected.")
 
 
-def _checkpointed_forward(original, impl, preserve_rng_state, policy):
-    def forward(*args, **kwargs):
+class CheckpointedForward:
+    """The ``forward`` `checkpoint_modules` installs on a module: runs the module's own forward
+    under `checkpoint`. A plain object holding the module, so a copy of the model
+    (``copy.deepcopy``, ``AveragedModel``, ``pickle``, ``torch.save``) copies it with the module
+    and runs the copy's own weights; the original forward is looked up at call time."""
+
+    def __init__(self, module: nn.Module, previous, options: dict):
+        self.module, self.previous, self.options = module, previous, options
+
+    @property
+    def __wrapped__(self):
+        """The forward it checkpoints (``inspect.signature`` reads the module's own)."""
+        if self.previous is not None:
+            return self.previous
+        return types.MethodType(type(self.module).forward, self.module)
+
+    def __call__(self, *args, **kwargs):
+        original = self.__wrapped__
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
         _refuse_cache(kwargs)
@@ -134,43 +153,45 @@ def _checkpointed_forward(original, impl, preserve_rng_state, policy):
         # design); everything else (None, flags, cache objects) is bound here as it is.
         values = list(args) + list(kwargs.values())
         at = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
-        n, keys = len(args), list(kwargs)
+        run = functools.partial(_bound, original, values, at, len(args), list(kwargs))
+        return checkpoint(run, *(values[i] for i in at), **self.options)
 
-        def run(*tensors):
-            filled = list(values)
-            for i, t in zip(at, tensors):
-                filled[i] = t
-            return original(*filled[:n], **dict(zip(keys, filled[n:])))
 
-        return checkpoint(run, *(values[i] for i in at), impl=impl,
-                          preserve_rng_state=preserve_rng_state, policy=policy)
-
-    setattr(forward, _MARK, original)
-    forward.__wrapped__ = original
-    forward.__doc__ = getattr(original, "__doc__", None)
-    return forward
+def _bound(original, values, at, n, keys, *tensors):
+    """``original`` called with the arguments it was given, ``tensors`` in the tensor slots."""
+    filled = list(values)
+    for i, t in zip(at, tensors):
+        filled[i] = t
+    return original(*filled[:n], **dict(zip(keys, filled[n:])))
 
 
 def checkpoint_modules(model: nn.Module, select, impl: str = "hooks", policy=None,
-                       preserve_rng_state: bool = True) -> CheckpointedModules:
+                       preserve_rng_state: bool = True, context_fn=None,
+                       determinism_check: str = "default", early_stop: bool = True,
+                       debug: bool = False) -> CheckpointedModules:
     """Checkpoint every submodule of `model` that `select` matches; returns a handle to undo it.
 
     ``select``: an ``nn.Module`` class, a tuple of classes, a list of names from
     ``model.named_modules()`` (``plan.select`` of `plan_modules`; an empty list checkpoints
-    nothing), or a predicate ``(name, module) -> bool`` over them. ``impl``, ``policy`` and
-    ``preserve_rng_state`` are passed to `checkpoint`. Under ``torch.no_grad()`` the modules run
-    as before.
+    nothing), or a predicate ``(name, module) -> bool`` over them. ``impl``, ``policy``,
+    ``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``early_stop`` and
+    ``debug`` are passed to `checkpoint`. Under ``torch.no_grad()`` the modules run as before.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    check_options(determinism_check, context_fn, policy)
     found = matched_modules(model, select)
     for name, m in found:
-        if hasattr(m.__dict__.get("forward"), _MARK):
+        if isinstance(m.__dict__.get("forward"), CheckpointedForward):
             raise ValueError(f"{name or 'the model'} is already checkpointed by an earlier "
                              "checkpoint_modules call; call .remove() on that handle first.")
+    options = {"impl": impl, "preserve_rng_state": preserve_rng_state, "policy": policy,
+               "context_fn": context_fn, "determinism_check": determinism_check,
+               "early_stop": early_stop, "debug": debug}
     handle = CheckpointedModules([n for n, _ in found], [m for _, m in found])
     for _, m in found:
         had = "forward" in m.__dict__
-        handle._saved.append((m, had, m.__dict__.get("forward")))
-        m.forward = _checkpointed_forward(m.forward, impl, preserve_rng_state, policy)
+        previous = m.__dict__.get("forward")
+        handle._saved.append((m, had, previous))
+        m.forward = CheckpointedForward(m, previous if had else None, options)
     return handle

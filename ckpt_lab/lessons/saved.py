@@ -14,7 +14,8 @@ are two storages, one term); a storage that fits no term raises, so a change in 
 saves shows up instead of being averaged away.
 
 `MEGATRON_TERM` maps each of our terms onto Korthikanti et al.'s (None: not in the paper), and
-`mapping_table` lays the two side by side in bytes per T·B·H (docs/notation.md's letters).
+`mapping_table` lays the two side by side in bytes per T·B·H (docs/notation.md's letters), with
+a column of our terms in fp32 where asked.
 """
 from __future__ import annotations
 
@@ -102,25 +103,33 @@ def group_of(term: str) -> str:
     return _GROUP.get(term, "attention")
 
 
-def mapping_table(ours: dict[str, int], paper: dict[str, int], tbh: int, per_head: float) -> str:
+def mapping_table(ours: dict[str, int], paper: dict[str, int], tbh: int, per_head: float,
+                  fp32: dict[str, int] | None = None) -> str:
     """A Markdown table: each of our terms in bytes per T·B·H next to Megatron's term and group.
 
     `ours` and `paper` must be at the same dtypes (2-byte activations, 1-byte masks); terms
-    that grow with T^2 are shown as multiples of n_h T / H (`per_head`)."""
-    rows = ["| our tensor | bytes / TBH | Megatron's term | its group |", "|---|---|---|---|"]
+    that grow with T^2 are shown as multiples of n_h T / H (`per_head`). `fp32`, the same
+    terms at other dtypes (fp32 with 4-byte masks, as on a CPU), adds a column beside ours."""
+    def size(name, b):
+        if name in CORE_TERMS[1:]:
+            return f"{b / (tbh * per_head):g} · n_h T/H"
+        return f"{b / tbh:.3g}"
+
+    extra = fp32 is not None
+    rows = ["| our tensor | bytes / TBH |" + (" fp32, CPU |" if extra else "")
+            + " Megatron's term | its group |",
+            "|---|---|" + ("---|" if extra else "") + "---|---|"]
     for name, b in ours.items():
         theirs = MEGATRON_TERM[name]
-        if name in CORE_TERMS[1:]:
-            size = f"{b / (tbh * per_head):g} · n_h T/H"
-        else:
-            size = f"{b / tbh:.3g}"
         group = "" if theirs is None else group_of(theirs)
-        rows.append(f"| {name} | {size} | {theirs or '(not in the paper)'} | {group} |")
+        wide = f" {size(name, fp32[name])} |" if extra else ""
+        rows.append(f"| {name} | {size(name, b)} |{wide} {theirs or '(not in the paper)'} | "
+                    f"{group} |")
     linear = sum(v for k, v in paper.items() if k not in ATTENTION_CORE_TERMS) / tbh
     quad = sum(v for k, v in paper.items() if k in ATTENTION_CORE_TERMS) / (tbh * per_head)
-    rows.append(f"| **Megatron, in all** | **{linear:g} + {quad:g} · n_h T/H** | | |")
+    rows.append(f"| **Megatron, in all** | **{linear:g} + {quad:g} · n_h T/H** |"
+                + (" |" if extra else "") + " | |")
     return "\n".join(rows)
-
 
 
 _VIEWS = ("TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",

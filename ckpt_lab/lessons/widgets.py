@@ -168,7 +168,7 @@ class SegmentsExplorer(Explorer):
                                 logs[segments])
         self._draw(result)
         self.text.value = (
-            f"<b>{layers} layers, {segments} segments</b>: step peak (activations) measured "
+            f"<b>{layers} blocks, {segments} segments</b>: step peak (activations) measured "
             f"{fmt_bytes(result.peak_bytes)}, predicted {fmt_bytes(result.predicted_bytes)} "
             f"(ratio {result.ratio:.3f}); least measured peak at {best} segments, formula's "
             f"optimum {result.predicted_best} (sqrt(L) = {layers ** 0.5:.1f}).")
@@ -181,7 +181,7 @@ class SegmentsExplorer(Explorer):
         ax.plot(xs, [p / MIB for p in r.predicted_curve], "-", color="tab:gray", label="predicted")
         ax.plot(xs, [m / MIB for m in r.measured_curve], "o", color="black", ms=4, label="measured")
         ax.axvline(r.segments, color="gray", ls=":", label=f"chosen: {r.segments}")
-        _label(ax, title=f"Step peak (activations) vs segments ({r.layers} layers)",
+        _label(ax, title=f"Step peak (activations) vs segments ({r.layers} blocks)",
                xlabel="segments", ylabel="step peak (MiB)")
         ax = self.ax_time
         ax.clear()
@@ -221,7 +221,9 @@ class SeqExplorer(Explorer):
     """Activation bytes of one GPT block against sequence length T: the T^2 term takes over."""
 
     def __init__(self, seq=64, batch=4, n_embd=128, n_head=4, max_seq=256, step=16,
-                 device=None):
+                 device=None, measure_at=()):
+        """``measure_at``: lengths measured up front, so the first figure (the one a static
+        page keeps) already shows points across T."""
         self.device = pick_device(device)
         self.batch, self.n_embd, self.n_head, self.max_seq = batch, n_embd, n_head, max_seq
         self.mask_bytes = dropout_mask_bytes(self.device)
@@ -229,6 +231,9 @@ class SeqExplorer(Explorer):
         torch.manual_seed(0)
         self.block = Block(config).to(self.device)
         self.measured: dict[int, int] = {}
+        for length in measure_at:
+            _slider("measure_at", length, 1, max_seq)          # the same bounds as the slider's
+            self.measure(length)
         super().__init__({"seq_len": _slider("seq_len", seq, step, max_seq, step)},
                          figsize=(7, 3.6))
         self.ax = self.figure.subplots()

@@ -7,6 +7,7 @@ budget fits every larger one, and peaks are whole bytes.
 """
 from __future__ import annotations
 
+import numbers
 
 class BudgetTooSmallError(ValueError):
     """No plan fits the budget; `minimum_bytes` is the least peak any plan reaches."""
@@ -21,7 +22,7 @@ class BudgetTooSmallError(ValueError):
 
 def budget_bytes_of(budget_bytes) -> int | None:
     """A budget as whole bytes (None for ``float("inf")``: no limit); refuses what is no size."""
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) \
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real) \
             or budget_bytes != budget_bytes or budget_bytes < 0:
         raise ValueError(f"budget_bytes must be a number of bytes >= 0, got {budget_bytes!r}")
     return int(budget_bytes) if budget_bytes != float("inf") else None

@@ -32,12 +32,16 @@ builds one, and its `num_params` equals the parameter count of the released chec
 """
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass, replace
 
 from . import formulas as F
 
 DEFAULT_HEADROOM = 0.85
+
+
+MAX_LAYERS = 10_000        # far deeper than any published transformer; the work grows with it
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,13 @@ class TransformerConfig:
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.layers > MAX_LAYERS:
+            raise ValueError(f"layers must be at most {MAX_LAYERS:,}, got {self.layers:,}: the "
+                             "table plans every segment length and the recursion over the "
+                             "layers, work that grows with their number (the deepest published "
+                             "transformers have a few hundred)")
         if self.style not in F.STYLES:
             raise ValueError(f"style must be one of {F.STYLES}, got {self.style!r}")
         kv, inter = F.arch_options(self.hidden, self.heads, self.kv_heads, self.mlp,
@@ -92,7 +101,7 @@ class TransformerConfig:
                                  "itself: give a LoRA rank too (QLoRA: base_bits=4, lora_rank=16)")
             return
         smallest = min(min(shape) for shape in self.linear_shapes().values())
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) \
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, numbers.Integral) \
                 or not 1 <= self.lora_rank <= smallest:
             raise ValueError(f"lora_rank must be an int from 1 to {smallest} (the smallest side "
                              f"of a layer's weights), got {self.lora_rank!r}; 8 to 64 is usual")
@@ -235,7 +244,7 @@ class StrategyRow:
 
 def parse_bytes(text) -> int:
     """'80GB' (10^9), '80GiB' (2^30), '512MiB', or a plain number of bytes."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
+    if isinstance(text, numbers.Real) and not isinstance(text, bool):
         if text <= 0:
             raise ValueError(f"memory size must be positive, got {text}")
         return int(text)
@@ -288,7 +297,8 @@ def step_flops(cfg: TransformerConfig, micro: int, recompute: str = "none") -> i
 def strategy_rows(cfg: TransformerConfig, device_bytes: int,
                   headroom: float = DEFAULT_HEADROOM) -> list[StrategyRow]:
     """Every strategy at the given micro-batch and at halvings reached by accumulation."""
-    if isinstance(device_bytes, bool) or not isinstance(device_bytes, int) or device_bytes <= 0:
+    if isinstance(device_bytes, bool) or not isinstance(device_bytes, numbers.Integral) \
+            or device_bytes <= 0:
         raise ValueError(f"device_bytes must be a positive int, got {device_bytes!r}")
     if not 0 < headroom <= 1:
         raise ValueError(f"headroom must be in (0, 1], got {headroom}")

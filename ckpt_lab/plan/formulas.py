@@ -11,6 +11,7 @@ articles' formulas, as they stand and corrected, are lesson 9's: ckpt_lab.lesson
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -34,9 +35,9 @@ def dtype_bytes(dtype) -> int:
 
 
 def _check_int(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+    return int(value)
 
 
 # ---------------------------------------------------------------------------- model state
@@ -487,7 +488,7 @@ def transformer_params(layers: int, hidden: int, heads: int, vocab: int, seq: in
 def _check_sizes(name: str, values) -> list:
     values = list(values)
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0 or v != v:
             raise ValueError(f"{name}[{i}] must be a number >= 0, got {v!r}")
     return values
 
@@ -849,7 +850,8 @@ def chunk_rows(rows: int, chunks: int) -> list[int]:
     """Rows per chunk as `losses.chunked_cross_entropy` splits them: as equal as can be, the
     first ``rows % chunks`` chunks one row larger."""
     _check_int("rows", rows, 1)
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= rows:
+    if isinstance(chunks, bool) or not isinstance(chunks, numbers.Integral) \
+            or not 1 <= chunks <= rows:
         raise ValueError(f"chunks must be an int from 1 to the number of rows ({rows}), "
                          f"got {chunks!r}")
     base, extra = divmod(rows, chunks)

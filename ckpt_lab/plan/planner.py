@@ -45,6 +45,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,10 +163,10 @@ class _Chain(_Searches):
 def _numbers(name: str, values) -> list:
     out = []
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 \
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v or v < 0 \
                 or v == float("inf"):
             raise ValueError(f"{name}[{i}] must be a finite number >= 0, got {v!r}")
-        out.append(v)
+        out.append(int(v) if isinstance(v, numbers.Integral) else float(v))
     return out
 
 
@@ -247,9 +248,9 @@ def evaluate_plan(boundaries, act_bytes, out_bytes=None, fwd_cost=None, input_by
 
 def uniform_plan(n: int, segments: int) -> list:
     """Segment starts of checkpoint_sequential(segments=...): size n // segments, last gets the rest."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"n must be an int >= 1 (number of layers), got {n!r}")
-    return segment_starts(n, segments=segments)
+    return segment_starts(int(n), segments=segments)
 
 
 def pareto_front(act_bytes, out_bytes=None, fwd_cost=None, input_bytes=0) -> list:

@@ -42,6 +42,7 @@ objects and their values) and the random number generators are restored afterwar
 """
 from __future__ import annotations
 
+import numbers
 import time
 import weakref
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ import torch
 
 from ..measure.memory import phase, track_memory
 from ..checkpoint.module_state import ModuleState, saw_saved
+from ..checkpoint.recording import held, take
 
 
 @dataclass
@@ -164,25 +166,6 @@ def _layer_input(x, requires_grad, box=None):
     return _Sink.apply(x.detach().requires_grad_(), [] if box is None else box)
 
 
-class _Held:
-    """A saved tensor as a checkpoint holds it for a recompute: handed over once, then let go."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, t):
-        self.tensor = t
-
-
-def _once(held):
-    """Unpack as `checkpoint` does: a built-in node reads its saved tensors once, so the holder
-    lets go and the tensor lives only until that node returns (before autograd reduces the
-    gradients it sends, e.g. a broadcast bias's); a custom Function may read them twice."""
-    t = held.tensor
-    if not isinstance(torch._C._current_autograd_node(), torch.autograd.function.BackwardCFunction):
-        held.tensor = None
-    return t
-
-
 @dataclass
 class _Place:
     """Where a layer sits in the step: its input (and whether it requires grad), the gradient
@@ -251,10 +234,9 @@ def _alone(place: _Place, backward=True, once=False, allocator=False, state=None
 
         def pack(t):
             packs.append((t.untyped_storage().data_ptr(), len(log.timeline)))
-            alias = t.detach()
-            return _Held(alias) if once else alias
+            return held(t.detach()) if once else t.detach()
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, _once if once else lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, take if once else lambda t: t):
             try:
                 y = layer(xin)
                 if state is not None:
@@ -486,7 +468,7 @@ def profile_layers(layers, x: torch.Tensor, repeats: int = 3,
     predicts the step's `allocator_peak_bytes`. Every layer then runs under
     ``torch.profiler``, which refuses to start inside another profiler.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
         raise ValueError("repeats must be an int >= 1")
     named = _named(layers)
     if not isinstance(x, torch.Tensor):

@@ -24,6 +24,7 @@ two equal on random profiles, and both to measured steps.
 from __future__ import annotations
 
 import itertools
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,7 @@ def whole_bytes(name: str, values) -> list:
     """`values` as ints, refusing anything that is not a whole number of bytes >= 0."""
     out = []
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 \
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v or v < 0 \
                 or int(v) != v:
             raise ValueError(f"{name}[{i}] must be a whole number of bytes >= 0, got {v!r}")
         out.append(int(v))

@@ -6,7 +6,7 @@ from torch import nn
 
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential, track_memory
 from ckpt_lab.checkpoint import segment_starts
-from conftest import same
+from oracle import same
 
 IMPLS = ["hooks", "reentrant"]
 

@@ -16,7 +16,7 @@ from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential
 from ckpt_lab.checkpoint.guards import probe
 
 from custom_functions import ReadsTwice
-from conftest import same
+from oracle import same
 
 IMPLS = ["hooks", "reentrant"]
 
@@ -336,3 +336,87 @@ def test_early_stop_still_skips_a_last_op_that_only_reads():
             out.backward()
         counts[early_stop] = counted.n
     assert counts == {True: 1 + 4, False: 2 + 4}     # recompute + 4 in backward
+
+
+def test_a_hook_the_function_removes_after_its_last_save_is_not_left_behind():
+    """The recompute stops early, before the removal (note 11): the hook it registered is
+    removed all the same, and the module runs as before."""
+    lin = nn.Linear(5, 5)
+
+    def f(x):
+        handle = lin.register_forward_hook(lambda m, i, o: o * 2)
+        y = torch.tanh(lin(x)).neg()
+        handle.remove()
+        return y
+
+    x = torch.randn(5, requires_grad=True)
+    ref = torch.autograd.grad(f(x).sum(), x)[0]
+    out = checkpoint(f, x).sum()
+    with CountOp(torch.ops.aten.neg) as counted:
+        out.backward()
+    assert counted.n == 1 and torch.equal(x.grad, ref)      # stopped before neg
+    assert not lin._forward_hooks
+
+
+# ------------------------------------------------------- plain attributes of modules (note 5)
+class Switchy(nn.Module):
+    """Reads a flag and a tensor attribute that no buffer holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.scale = nn.Linear(4, 4), torch.tensor(2.0)
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x))
+        return torch.dropout(y, 0.5, self.training) * self.scale
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attributes_changed_between_forward_and_backward_are_the_forwards_in_the_recompute(
+        impl):
+    """model.eval() and a new tensor attribute before backward: the recompute sees what the
+    forward saw (plain autograd's graph holds it), and the module keeps its new state."""
+    torch.manual_seed(0)
+    model, x = Switchy(), torch.randn(8, 4, requires_grad=True)
+
+    def grads(run):
+        model.train()
+        model.scale = torch.tensor(2.0)
+        x.grad = None
+        torch.manual_seed(1)
+        out = run(model, x)
+        model.eval()
+        model.scale = torch.tensor(3.0)
+        out.square().sum().backward()
+        return [x.grad, *[p.grad.clone() for p in model.parameters()]]
+
+    plain = grads(lambda m, t: m(t))
+    model.zero_grad(set_to_none=True)
+    assert same(plain, grads(lambda m, t: checkpoint(m, t, impl=impl)))
+    assert not model.training and model.scale.item() == 3.0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hugging_face_dynamic_rope_is_exact(impl):
+    """LlamaRotaryEmbedding with rope_type="dynamic" re-registers inv_freq and records the
+    length in max_seq_len_cached in its forward (issue 28, item 2)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    config = transformers.LlamaConfig(
+        hidden_size=8, num_attention_heads=2, max_position_embeddings=4,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    positions = torch.arange(9)[None]
+
+    def grad(wrap):
+        rope = LlamaRotaryEmbedding(config)
+        x = torch.randn(1, 9, 4, generator=torch.Generator().manual_seed(0),
+                        requires_grad=True)
+
+        def f(t):
+            cos, sin = rope(t, positions)
+            return torch.tanh(t * cos + t.flip(-1) * sin)
+
+        wrap(f, x).square().sum().backward()
+        return [x.grad, rope.inv_freq, torch.tensor(rope.max_seq_len_cached)]
+
+    assert same(grad(lambda f, t: f(t)), grad(lambda f, t: checkpoint(f, t, impl=impl)))

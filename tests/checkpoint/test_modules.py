@@ -1,6 +1,9 @@
 """checkpoint_modules on real block-structured models, against plain autograd and
 torch.utils.checkpoint (the oracles); profile_modules against the measurement
 (plan_modules: tests/plan/test_plan_modules.py)."""
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
@@ -10,7 +13,7 @@ from ckpt_lab import checkpoint_modules, track_memory
 from ckpt_lab.training.models import GPT, Block, GPTConfig
 from ckpt_lab.checkpoint.wrap import matched_modules
 from ckpt_lab.plan.module_planner import profile_modules
-from conftest import same
+from oracle import same
 
 IMPLS = ["hooks", "reentrant"]
 
@@ -333,6 +336,30 @@ def test_policy_is_passed_to_checkpoint():
     assert kept[None] < kept["save_matmuls"] < kept["plain"]
 
 
+def test_context_fn_determinism_check_and_debug_are_passed_to_checkpoint():
+    """PyTorch's selective contexts run under checkpoint_modules, as under checkpoint; bad
+    options are refused when the modules are wrapped, not at the first step."""
+    import functools
+    model = gpt(dropout=0.0)
+    run = lambda: model(IDX, TGT)  # noqa: E731
+    plain = grads(model, run)
+    asked = []
+
+    def policy(ctx, op, *args, **kwargs):
+        asked.append(op)
+        return tuc.CheckpointPolicy.PREFER_RECOMPUTE
+
+    context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, policy)
+    with checkpoint_modules(model, Block, context_fn=context_fn, determinism_check="fingerprint",
+                            debug=True):
+        assert same(plain, grads(model, run))
+    assert asked
+    with pytest.raises(ValueError, match="determinism_check"):
+        checkpoint_modules(model, Block, determinism_check="bits")
+    with pytest.raises(ValueError, match="not both"):
+        checkpoint_modules(model, Block, context_fn=context_fn, policy="save_matmuls")
+
+
 class _ScaledBlock(nn.Module):
     def __init__(self):
         super().__init__()
@@ -425,3 +452,41 @@ def test_checkpoint_saving_is_exact_for_every_subset_of_blocks(case):
             with checkpoint_modules(model, lambda name, m: name in chosen):
                 saving = plain - kept_after_forward()
             assert saving == prof.checkpoint_saving_bytes(chosen), chosen
+
+
+# ------------------------------------------------- a wrapped model copies like the plain one
+def _wrapped_and_plain():
+    """A GPT with its blocks checkpointed, a plain twin, and other weights for their copies."""
+    model = gpt(dropout=0.0)
+    plain = copy.deepcopy(model)
+    handle = checkpoint_modules(model, Block)
+    other = {k: v * 0.5 for k, v in model.state_dict().items()}
+    plain.load_state_dict(other)
+    return model, handle, plain, other
+
+
+def _runs_like(twin, plain):
+    """``twin`` gives ``plain``'s logits and gradients, bit for bit (so it runs its own weights)."""
+    assert torch.equal(twin(IDX), plain(IDX))
+    assert same(grads(twin, lambda: twin(IDX, TGT)), grads(plain, lambda: plain(IDX, TGT)))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "AveragedModel"])
+def test_a_copy_of_a_wrapped_model_runs_its_own_weights(how):
+    model, handle, plain, other = _wrapped_and_plain()
+    twin = (copy.deepcopy(model) if how == "deepcopy"
+            else torch.optim.swa_utils.AveragedModel(model).module)
+    twin.load_state_dict(other)
+    _runs_like(twin, plain)
+    handle.remove()
+    _runs_like(twin, plain)
+    assert "forward" in twin.chain[1].__dict__          # the copy stays checkpointed
+
+
+def test_a_wrapped_model_pickles_and_saves_like_the_plain_one(tmp_path):
+    model, _, plain, other = _wrapped_and_plain()
+    torch.save(model, tmp_path / "model.pt")
+    for twin in (pickle.loads(pickle.dumps(model)),
+                 torch.load(tmp_path / "model.pt", weights_only=False)):
+        twin.load_state_dict(other)
+        _runs_like(twin, plain)

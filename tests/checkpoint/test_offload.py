@@ -11,7 +11,7 @@ from ckpt_lab import OffloadStats, checkpoint_sequential, offload_activations, t
 from ckpt_lab.checkpoint import offload
 from ckpt_lab.lessons.course import dropout_mask_bytes
 from ckpt_lab.checkpoint.offload import PCIE4_X16_BYTES_PER_S
-from conftest import same
+from oracle import same
 
 BATCH, WIDTH, HIDDEN = 8, 16, 64
 F32 = 4

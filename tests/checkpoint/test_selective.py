@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckpt_lab import CheckpointError, checkpoint, checkpoint_sequential, track_memory
 from ckpt_lab.checkpoint.selective import POLICIES, Decision, save_matmuls
-from conftest import same
+from oracle import same
 
 IMPLS = ["hooks", "reentrant"]
 aten = torch.ops.aten

@@ -10,6 +10,11 @@ from ckpt_lab.lessons.exercises import lesson03
 from exercise_checks import in_your_code, right_then_wrong
 
 
+@pytest.fixture(autouse=True)
+def _one(one_thread):
+    yield
+
+
 def _best_units(layers: int) -> int:
     """Least uniform checkpoint_sequential peak, in units, by brute force."""
     return min((s - 1) + (layers - (s - 1) * (layers // s)) for s in range(1, layers + 1))
@@ -18,11 +23,12 @@ def _best_units(layers: int) -> int:
 def test_the_measured_answers_and_the_shape_of_the_curve():
     assert lesson03.best_segments() == 4
     assert lesson03.peak_moment() == "a recompute tooth"       # a first segment longer than the last
-    uniform = lesson03.chain_logs(16, (4,))[4]
-    assert lesson03.moment_of(uniform) == "start of backward"   # uniform segments: no tooth wins
+    logs = lesson03.chain_logs(16, (1, 4, 5, 6, 9))
+    assert lesson03.moment_of(logs[4]) == "start of backward"   # uniform segments: no tooth wins
     assert lesson03.sqrt_growth() == pytest.approx(_best_units(64) / _best_units(16))
-    assert lesson03.chain_peak_units(16, 6) > lesson03.chain_peak_units(16, 5)   # a step up
-    assert lesson03.chain_peak_units(16, 9) == 16            # S > L / 2: no saving at all here
+    units = lesson03.units(logs, 16)
+    assert units[6] > units[5]                                 # a step up
+    assert units[9] == 16                                      # S > L / 2: no saving at all here
     assert formulas.optimal_segment_count(16, 1, 1) == lesson03.best_segments()
 
 

@@ -66,6 +66,19 @@ def test_seq_explorer_matches_formula_and_grows_quadratically():
     assert e.sliders["seq_len"].description == "seq_len" and not e.sliders["seq_len"].continuous_update
 
 
+def test_seq_explorer_measures_the_lengths_asked_up_front():
+    """The first figure (what a static page keeps) already holds points across T."""
+    import pytest
+    e = widgets.seq_explorer(seq=16, batch=2, n_embd=32, n_head=2, max_seq=64, step=16,
+                             measure_at=(32, 64))
+    assert sorted(e.measured) == [16, 32, 64]
+    torch.manual_seed(1)
+    assert e.measured[64] == kept_after_forward(e.block, torch.randn(2, 64, 32, device=e.device,
+                                                                     requires_grad=True))
+    with pytest.raises(ValueError, match="between"):
+        widgets.seq_explorer(seq=16, batch=2, n_embd=32, n_head=2, max_seq=64, measure_at=(65,))
+
+
 def test_bad_slider_start_is_a_clear_error():
     import pytest
     with pytest.raises(ValueError, match="between"):

@@ -109,6 +109,14 @@ def test_cli_in_process(capsys):
     assert "divisible" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_depth_it_cannot_table(capsys):
+    """The table's work grows with the layers: a bound, said up front, not a hang."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--layers", "99999999", "--hidden", "64", "--heads", "4", "--seq", "16",
+              "--device-memory", "80GB"])
+    assert "layers must be at most 10,000" in capsys.readouterr().err
+
+
 def test_cli_as_a_module():
     out = subprocess.run([sys.executable, "-m", "ckpt_lab", "plan", "--layers", "48",
                           "--hidden", "4096", "--heads", "32", "--seq", "2048",

@@ -193,3 +193,14 @@ def test_planned_peak_matches_measured_on_an_mlp_with_unequal_widths():
         assert plan.peak_bytes <= measured <= plan.peak_bytes + slack, (plan, measured, slack)
     tight = optimal_segments(act, out, cost, minimum, input_bytes=inp)
     assert measured_peak(model, x, tight.boundaries) < 0.6 * measured_peak(model, x, [0])
+
+
+def test_numpy_numbers_are_numbers():
+    """A budget or byte counts computed with numpy (np.int64, np.float64) plan like ints."""
+    np = pytest.importorskip("numpy")
+    act, out, cost = [4, 5, 6, 7], [1, 2, 3, 4], [1, 1, 2, 2]
+    plain = optimal_segments(act, out, cost, 18, input_bytes=9)
+    assert optimal_segments(np.array(act), np.array(out), np.array(cost, dtype=np.float64),
+                            np.int64(18), input_bytes=np.int64(9)) == plain
+    assert uniform_plan(np.int64(4), np.int64(2)) == uniform_plan(4, 2)
+    assert minimum_peak(act, out, cost, np.int64(9)) == minimum_peak(act, out, cost, 9)

@@ -93,6 +93,52 @@ def test_bf16_autocast_follows_the_plain_loss():
     torch.testing.assert_close(got, ref, rtol=1e-2, atol=1e-2)
 
 
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_reduction_and_label_smoothing_match_the_plain_loss(reduction, label_smoothing):
+    h, w, t = _inputs((4, 16), ignore=(0, 5, 33))
+    kw = {"reduction": reduction, "label_smoothing": label_smoothing}
+    ref = _loss_and_grads(lambda h, w, t: F.cross_entropy(
+        h.reshape(-1, h.size(-1)) @ w.T, t.reshape(-1), **kw).reshape(
+        t.shape if reduction == "none" else ()).sum(), h, w, t)
+    got = _loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunks=5, **kw).sum(), h, w, t)
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a, rtol=RTOL, atol=ATOL)
+    rows = chunked_cross_entropy(h, w, t, 5, **kw)
+    assert rows.shape == (t.shape if reduction == "none" else ())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_low_precision_is_summed_in_fp32(dtype, reduction, label_smoothing):
+    """bf16/fp16 rows: each chunk's losses and the chunks' sum add up in fp32, so the loss is
+    as close to an fp32 cross-entropy of the same logits as the plain loss is, or within one
+    unit of the dtype's last place (summed in bf16, 64 chunks of 64 rows were 0.09 nats off)."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(4096, 64, generator=g).to(dtype)
+    w = (0.3 * torch.randn(1000, 64, generator=g)).to(dtype)
+    t = torch.randint(1000, (4096,), generator=g)
+    t[::7] = -100
+    kw = {"reduction": reduction, "label_smoothing": label_smoothing}
+    exact = F.cross_entropy(h.float() @ w.float().T, t, **kw)
+    plain = F.cross_entropy(h @ w.T, t, **kw)
+    got = chunked_cross_entropy(h, w, t, 64, **kw)
+    assert got.dtype == plain.dtype == dtype
+    ulp = torch.finfo(dtype).eps * exact.abs().clamp(min=1.0)
+    assert ((got.float() - exact).abs() <= torch.maximum((plain.float() - exact).abs(), ulp)).all()
+
+
+@pytest.mark.parametrize("kw,match", [({"reduction": "avg"}, "reduction must be one of"),
+                                      ({"label_smoothing": 1.5}, "label_smoothing must be")])
+def test_bad_reduction_and_label_smoothing_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        chunked_cross_entropy(*_inputs(), 2, **kw)
+
+
 @pytest.mark.parametrize("chunks", [0, 65, 2.0, True, None])
 def test_bad_chunks_say_what_is_allowed(chunks):
     h, w, t = _inputs()

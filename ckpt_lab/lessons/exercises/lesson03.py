@@ -7,6 +7,7 @@ PyTorch's (output and gradients bit for bit, FLOPs) and the step peak formula, a
 sweep of the step peak over S."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -139,10 +140,23 @@ _growth = near(
 
 # --------------------------------------------------------------------------- the build task
 # The learner writes checkpoint_sequential from checkpoint, and a sweep of the step peak. The
-# judge runs both on a chain of its own: 10 blocks, so most segment counts leave a remainder.
-BUILD_LAYERS, BUILD_WIDTH, BUILD_TOKENS = 10, 32, 64
+# judge runs both on a chain of its own: 8 blocks, so S = 3, 5, 6 and 7 leave a remainder, and
+# tiny tensors on one thread, so a judgement takes about a second. PyTorch's side of each
+# comparison is measured once per process (`_reference`, `_torch_flops`) and reused.
+BUILD_LAYERS, BUILD_WIDTH, BUILD_TOKENS = 8, 32, 64
 NOT_ANSWERED = ("not answered yet (your function raises NotImplementedError or returns None): "
                 "write its body, then run the cell again.")
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Tiny tensors run fastest, and steadiest on a busy machine, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def build_chain(dropout: float = 0.0, layers: int = BUILD_LAYERS, width: int = BUILD_WIDTH,
@@ -169,6 +183,13 @@ def formula_peaks(layers: int = BUILD_LAYERS, width: int = BUILD_WIDTH,
     unit, weight_grad = tokens * width * 4, (width * width + width) * 4
     return {S: formulas.chain_step_peak_bytes(layers, S, unit, weight_grad)
             for S in range(1, layers + 1)}
+
+
+def _segment_sizes(layers: int, S: int) -> str:
+    """"2, 2 and 3": the blocks per segment of checkpoint_sequential's plan."""
+    k = layers // S
+    sizes = [k] * (S - 1) + [layers - (S - 1) * k]
+    return ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]}"
 
 
 def _step(run, blocks, S, x, seed: int = 0):
@@ -200,6 +221,22 @@ def _flops(run, blocks, S, x) -> int:
     return counter.get_total_flops()
 
 
+@functools.lru_cache(maxsize=None)
+def _reference(S: int) -> list:
+    """PyTorch's output and gradients for S segments on the dropout chain (measured once)."""
+    blocks, x = build_chain(dropout=0.1)
+    with _one_thread():
+        return _step(torch_checkpoint_sequential, blocks, S, x)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_flops(S: int) -> int:
+    """FLOPs PyTorch's checkpoint_sequential counts for S segments (measured once)."""
+    blocks, x = build_chain()
+    with _one_thread():
+        return _flops(torch_checkpoint_sequential, blocks, S, x)
+
+
 def _calls(function, *args):
     """(result, None), or (None, the message) when calling it fails or it is not written yet."""
     try:
@@ -216,10 +253,11 @@ def _judge_build(answer):
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(map(callable, answer))):
         return False, ("Pass both functions themselves: "
                        "check(key, (my_checkpoint_sequential, peak_sweep)).")
-    ok, message = _judge_checkpoint_sequential(answer[0])
-    if not ok:
-        return False, f"my_checkpoint_sequential: {message}"
-    ok, sweep_message = _judge_peak_sweep(answer[1])
+    with _one_thread():
+        ok, message = _judge_checkpoint_sequential(answer[0])
+        if not ok:
+            return False, f"my_checkpoint_sequential: {message}"
+        ok, sweep_message = _judge_peak_sweep(answer[1])
     if not ok:
         return False, f"my_checkpoint_sequential ✓; peak_sweep: {sweep_message}"
     return True, f"{message} {sweep_message}"
@@ -232,7 +270,7 @@ def _judge_checkpoint_sequential(fn):
         mine, why = _calls(_step, fn, blocks, S, x)
         if why:
             return False, why if why == NOT_ANSWERED else f"S = {S}: {why}"
-        theirs = _step(torch_checkpoint_sequential, blocks, S, x)
+        theirs = _reference(S)
         if not torch.equal(mine[0], theirs[0]):
             return False, (f"S = {S}: the output differs from PyTorch's. Run every block once, "
                            "in order: segment j is blocks[j * k:(j + 1) * k] with k = L // S, "
@@ -256,9 +294,9 @@ def _judge_checkpoint_sequential(fn):
                            "use_reentrant=False).")
         return False, (f"Step peaks differ from the formula at S = {sorted(off)}: at S = {S} "
                        f"{units:+.0f} units. Segments hold L // S blocks each and the last one "
-                       "the rest: with 10 blocks, S = 4 is 2, 2, 2 and 4 blocks.")
-    for S in range(2, L + 1):
-        mine, theirs = _flops(fn, blocks, S, x), _flops(torch_checkpoint_sequential, blocks, S, x)
+                       f"the rest: with {L} blocks, S = 3 is {_segment_sizes(L, 3)} blocks.")
+    for S in range(1, L + 1):
+        mine, theirs = _flops(fn, blocks, S, x), _torch_flops(S)
         if mine != theirs:
             more = "more" if mine > theirs else "less"
             return False, (f"S = {S}: your step counts {mine:,} FLOPs, PyTorch's {theirs:,}: it "

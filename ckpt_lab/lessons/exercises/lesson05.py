@@ -4,6 +4,8 @@ recomputation). Each prediction's right answer is measured when it is needed, wi
 the learner's count of a block's kept bytes against `kept_after_forward` of real blocks."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.utils.checkpoint
@@ -40,6 +42,7 @@ def _kept(block: nn.Module, seq: int) -> int:
     return kept_after_forward(block, x)
 
 
+@functools.lru_cache(maxsize=1)
 def seq_doubling() -> float:
     """Measured: one block's kept bytes at 2T over those at T (fp32, dropout on)."""
     block = _block()
@@ -56,16 +59,18 @@ _seq_doubling = near(
          "matmul inputs, the layer norms' inputs, the MLP's) doubles.")
 
 
+@functools.lru_cache(maxsize=1)
 def full_peak_cut() -> float:
-    """Measured: the fraction of a plain step's peak that full recomputation removes, for the
-    lesson's CPU GPT (parameter gradients allocated during the step, as in a first step)."""
+    """Measured: the fraction of a plain step's step peak (activations) that full recomputation
+    removes, for the lesson's CPU GPT, the parameter gradients allocated before the step."""
     model = build_model(GPTConfig(block_size=SEQ, n_layer=LAYERS, n_head=HEADS, n_embd=HIDDEN,
                                   dropout=0.1))
     idx = torch.randint(0, 256, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     peaks = {}
     for policy in ("none", "every"):
         model.set_policy(policy)
-        model.zero_grad(set_to_none=True)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)              # model state, allocated before measuring
         with track_memory() as mem:
             model(idx, idx).backward()
         peaks[policy] = mem.peak_bytes
@@ -75,14 +80,16 @@ def full_peak_cut() -> float:
 _full_peak_cut = near(
     full_peak_cut, 0.08,
     right="{expected:.0%}: the forward keeps 90% less, but backward still rebuilds one whole "
-          "block and allocates the parameter gradients: a floor no checkpoint placement removes.",
+          "block on top of the kept inputs, with the gradients in flight: a floor no checkpoint "
+          "placement removes.",
     low="Measured {expected:.0%}: more than that, since every block's activations but one are "
         "gone at the peak.",
     high="Measured {expected:.0%}. What the forward keeps falls by about 90%, but the step's "
-         "peak comes in backward: one block rebuilt in full, the gradients in flight and the "
-         "parameter gradients sit on top.")
+         "peak comes in backward: one block rebuilt in full and the gradients in flight sit on "
+         "top of the kept inputs.")
 
 
+@functools.lru_cache(maxsize=1)
 def sdpa_selective_share() -> float:
     """Measured: the share of a fused-attention (SDPA) block's kept bytes that checkpointing
     its attention core frees (dropout off: PyTorch's CPU fused path has none)."""
@@ -166,8 +173,8 @@ EXERCISES = [
              "grow by what factor?", _seq_doubling, expected=seq_doubling),
     Exercise("05.full_peak_cut", "The lesson's CPU GPT (4 blocks, T = 64): full recomputation "
              "cuts what the forward keeps by about 90%. What fraction of the step peak "
-             "(activations, the parameter gradients made in the step included) does it cut "
-             "(0 to 1)?", _full_peak_cut, expected=full_peak_cut),
+             "(activations; the parameter gradients allocated before the step, as model state) "
+             "does it cut (0 to 1)?", _full_peak_cut, expected=full_peak_cut),
     Exercise("05.sdpa_selective", "With fused attention (scaled_dot_product_attention, no "
              "dropout), what fraction of a block's kept bytes does checkpointing the attention "
              "core still free (0 to 1)?", _sdpa_selective, expected=sdpa_selective_share),
