@@ -1,13 +1,12 @@
-"""Lesson 9's audit of the two source articles: where to find them, how a measurement becomes a
-verdict, and the one table the lesson ends with.
+"""Lesson 9's audit of the two source articles (article 1 and article 2): how a measurement
+becomes a verdict, and the one table the lesson ends with.
 
 A verdict is never typed in: `judge_number` and `judge_range` compute it from a measured number
 and the article's, by the rules the lesson states (holds: within the tolerance; partly holds:
 within a factor of two; does not hold: further, or the opposite). `Audit.add` files each claim
 with the article's number, what was measured on which machine, and the verdict, and returns the
 verdict so the lesson can assert the one its prose states. The articles' sentences are not
-copied here: each claim is the course's paraphrase. The articles' own formulas, as they stand
-(``article_*``) and corrected (``corrected_*``), close the file.
+copied here: each claim is the course's paraphrase, keyed by its article ("1." or "2.").
 """
 from __future__ import annotations
 
@@ -19,63 +18,37 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
-from ckpt_lab import formulas, track_memory
-from ckpt_lab.training.models import MLPBlock
 
 VERDICTS = ("holds", "partly holds", "does not hold")
 
 
-@dataclass(frozen=True)
-class Source:
-    """One source article, as it names itself (it names no author)."""
-
-    title: str
-    gloss: str
-    published: str
-    url: str | None
-
-
-SOURCES = {
-    "A": Source("MegaTrain 梯度检查点策略：激活重计算的内存-计算权衡实战",
-                "MegaTrain's gradient checkpointing strategy: the memory-compute trade-off of "
-                "activation recomputation in practice", "blog2.hotdry.top, 9 April 2026",
-                "https://blog2.hotdry.top/posts/2026/04/09/"
-                "megatrain-gradient-checkpointing-memory-compute-tradeoff/"),
-    "B": Source("梯度检查点Gradient Checkpointing显存占用计算",
-                "Gradient checkpointing: computing its memory use",
-                "last modified 14 September 2026", None),
-}
-
-
 # Each claim as the course paraphrases it: (article, claim, the article's number).
 CLAIMS = {
-    "B.no_ckpt_800": ("B", "100 layers of B×T×H keep 800 MB without checkpointing", "800 MB"),
-    "B.ten_segments_90": ("B", "10 segments keep only their boundaries: a 90% cut", "90%"),
-    "B.two_layers_inside": ("B", "while a segment is rebuilt, about 2 layers' activations are "
+    "2.no_ckpt_800": ("2", "100 layers of B×T×H keep 800 MB without checkpointing", "800 MB"),
+    "2.ten_segments_90": ("2", "10 segments keep only their boundaries: a 90% cut", "90%"),
+    "2.two_layers_inside": ("2", "while a segment is rebuilt, about 2 layers' activations are "
                             "alive", "2 layers"),
-    "B.formula": ("B", "its sample's formula for 10 segments: 11 boundaries + 2 layers", ""),
-    "B.printed": ("B", "the figure its sample prints for 10 segments", ""),
-    "B.sqrt": ("B", "with √L segments, memory grows as √L, not L", "exponent 0.5"),
-    "B.one_tensor": ("B", "a layer keeps one B×T×H tensor (its constant taken as 1)", "1 tensor"),
-    "A.83": ("A", "48 layers in 8 segments save (L − S)/L", "83%"),
-    "A.any_chain": ("A", "the saving is (L − S)/L for any chain of layers", "83% at 48/8"),
-    "A.any_S": ("A", "a transformer saves (L − S)/L, whatever S", "(L − S)/L"),
-    "A.O_S": ("A", "the peak is O(S) in the number of segments", "O(S)"),
-    "A.densify": ("A", "short of memory, go from segments of 4 blocks to segments of 2",
+    "2.formula": ("2", "its sample's formula for 10 segments: 11 boundaries + 2 layers", ""),
+    "2.printed": ("2", "the figure its sample prints for 10 segments", ""),
+    "2.sqrt": ("2", "with √L segments, memory grows as √L, not L", "exponent 0.5"),
+    "2.one_tensor": ("2", "a layer keeps one B×T×H tensor (its constant taken as 1)", "1 tensor"),
+    "1.83": ("1", "48 layers in 8 segments save (L − S)/L", "83%"),
+    "1.any_chain": ("1", "the saving is (L − S)/L for any chain of layers", "83% at 48/8"),
+    "1.any_S": ("1", "a transformer saves (L − S)/L, whatever S", "(L − S)/L"),
+    "1.O_S": ("1", "the peak is O(S) in the number of segments", "O(S)"),
+    "1.densify": ("1", "short of memory, go from segments of 4 blocks to segments of 2",
                   "a lower peak"),
-    "A.every4": ("A", "segments of 4 blocks are a good start for 30-80 layers", "a good start"),
-    "A.selective_memory": ("A", "recomputing attention alone saves 40-60% of activation memory",
+    "1.every4": ("1", "segments of 4 blocks are a good start for 30-80 layers", "a good start"),
+    "1.selective_memory": ("1", "recomputing attention alone saves 40-60% of activation memory",
                            "40-60%"),
-    "A.selective_time": ("A", "recomputing attention alone costs under 20% in speed", "< 20%"),
-    "B.full_time": ("B", "checkpointing makes a step 20-40% slower", "20-40%"),
-    "A.saving_cost": ("A", "a 30-50% memory saving costs 15-30% in speed", "15-30%"),
-    "A.accumulation": ("A", "checkpointing with 4-8 accumulated micro-batches lowers the peak "
-                       "2-4×", "2-4×"),
-    "B.adam_12": ("B", "Adam's momentum and variance take 12 bytes per parameter", "12 B"),
-    "B.disk": ("B", "checkpointing writes temporary files to disk", "temp files"),
-    "B.conv": ("B", "checkpointing the conv of a residual block saves memory", "saves memory"),
+    "1.selective_time": ("1", "recomputing attention alone costs under 20% in speed", "< 20%"),
+    "2.full_time": ("2", "checkpointing makes a step 20-40% slower", "20-40%"),
+    "1.saving_cost": ("1", "a 30-50% memory saving costs 15-30% in speed", "15-30%"),
+    "1.accumulation": ("1", "checkpointing with 4-8 accumulated micro-batches lowers the peak "
+                       "2-4× (read as the total peak, model state included)", "2-4×"),
+    "2.adam_12": ("2", "Adam's momentum and variance take 12 bytes per parameter", "12 B"),
+    "2.disk": ("2", "checkpointing writes temporary files to disk", "temp files"),
+    "2.conv": ("2", "checkpointing the conv of a residual block saves memory", "saves memory"),
 }
 
 
@@ -147,7 +120,7 @@ class Audit:
     def text(self) -> str:
         """Every verdict, one line per claim in the order decided, then the tally."""
         width = max((len(v) for v in VERDICTS), default=0)
-        lines = [f"{r.verdict:<{width}}  {r.source}: {r.claim} (article: {r.article}; "
+        lines = [f"{r.verdict:<{width}}  article {r.source}: {r.claim} (article: {r.article}; "
                  f"measured: {r.measured})" for r in self.rows]
         return "\n".join(lines + [self.summary()])
 
@@ -155,7 +128,7 @@ class Audit:
         """The verdict table (claim, the article's number, what was measured where, verdict),
         then the tally under it."""
         rows = "".join(
-            f"<tr><td>{r.source}</td><td>{html.escape(r.claim)}</td>"
+            f"<tr><td>article {r.source}</td><td>{html.escape(r.claim)}</td>"
             f"<td>{html.escape(r.article)}</td><td>{html.escape(r.measured)}</td>"
             f"<td><b>{r.verdict}</b></td></tr>" for r in self.rows)
         return ("<table><tr><th></th><th>claim (paraphrased)</th><th>article</th>"
@@ -173,27 +146,6 @@ class Audit:
             display({"text/plain": self.text(), "text/html": self.html()}, raw=True)
         else:
             print(self.text())
-
-
-def mlp_chain(depth: int, width: int, device=None) -> nn.Sequential:
-    """depth Linear -> ReLU blocks (seed 0): each keeps exactly one tokens x width tensor."""
-    torch.manual_seed(0)
-    return nn.Sequential(*[MLPBlock(width) for _ in range(depth)]).to(device)
-
-
-def step_log(run, module: nn.Module):
-    """`track_memory`'s log of run().sum().backward(), `module`'s parameter gradients allocated
-    first (model state, so the peak counts activations and the gradients between layers)."""
-    for p in module.parameters():
-        p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
-    with track_memory() as mem:
-        run().sum().backward()
-    return mem
-
-
-def step_peak(run, module: nn.Module) -> int:
-    """Peak bytes of `step_log(run, module)`."""
-    return step_log(run, module).peak_bytes
 
 
 def cpu_seconds(steps: dict, repeats: int = 5) -> dict:
@@ -278,67 +230,3 @@ def disk_writes(fn) -> DiskWrites:
 def worst(verdicts) -> str:
     """The weakest of several verdicts (a claim that must hold everywhere is as weak as that)."""
     return max(verdicts, key=VERDICTS.index)
-
-
-# -------------------------------------------- the source articles' formulas, as they stand
-def article_saving_fraction(num_layers: int, segments: int) -> float:
-    """Article (a), as it stands: the activation memory saved is (L - S) / L.
-
-    For 48 layers and 8 segments it gives 0.833. It counts S kept things against L and forgets
-    that backward must rebuild one whole segment (L / S layers) at a time.
-    """
-    for name, value in (("num_layers", num_layers), ("segments", segments)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return (num_layers - segments) / num_layers
-
-
-def corrected_saving_fraction(num_layers: int, segments: int, layer_bytes: int,
-                              boundary_bytes: int) -> float:
-    """Saving of uniform checkpoint_sequential: 1 - ((S-1) b + (L - (S-1) L//S) a) / (L a).
-
-    For a transformer layer the kept input b = 2sbh is small next to a = sbh(34 + 5as/h), so
-    48 layers in 8 segments save about 1 - 6/48 - 7b/(48a), i.e. 86-87%, not 83%.
-    """
-    peak = formulas.uniform_peak_bytes(num_layers, segments, layer_bytes, boundary_bytes)
-    return 1.0 - peak / (num_layers * layer_bytes)
-
-
-def article_mem_no_ckpt(L: int, B: int, S: int, H: int, byte_per: int = 2) -> int:
-    """Article (b), as it stands: L B S H byte_per bytes without checkpointing.
-
-    With L, B, S, H = 100, 8, 512, 1024 that is 838,860,800 bytes = exactly 800 MiB. It assumes
-    a layer keeps one B x S x H tensor; a real transformer layer keeps (34 + 5 a S / H) / 2 of
-    them (Megatron), so the true figure is 17 times that or more.
-    """
-    return L * B * S * H * byte_per
-
-
-def article_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
-    """Article (b), as it stands: (seg + 1) boundaries plus "twice a layer" of temporaries.
-
-    For 100, 8, 512, 1024 and 10 segments: 13 x 8 MiB = 104 MiB (L does not even appear).
-    """
-    return (seg + 1) * B * S * H * byte_per + 2 * B * S * H * byte_per
-
-
-def article_printed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> float:
-    """The number the article's script prints for the checkpointed case: it divides by 10 once
-    more than it should, so 104 MiB is printed as 10.4 "MB"."""
-    return article_mem_ckpt(L, B, S, H, seg, byte_per) / 10 / 1024 / 1024
-
-
-def article_claimed_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
-    """The article's prose figure, ~80 MB: seg boundaries only, no segment being rebuilt."""
-    return seg * B * S * H * byte_per
-
-
-def corrected_mem_ckpt(L: int, B: int, S: int, H: int, seg: int = 10, byte_per: int = 2) -> int:
-    """The true segmented peak in the article's own model (one B S H tensor per layer).
-
-    checkpoint_sequential keeps the inputs of the seg - 1 checkpointed segments and, while the
-    last segment runs backward, all of its L - (seg - 1) (L // seg) layers: for the example,
-    9 + 10 = 19 tensors of 8 MiB = 152 MiB, a saving of 81%, not 90%.
-    """
-    layer = B * S * H * byte_per
-    return formulas.uniform_peak_bytes(L, seg, layer, layer)

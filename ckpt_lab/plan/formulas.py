@@ -804,7 +804,10 @@ def chain_peak_bytes(layers: list[LayerBytes], segments, tokens: int, vocab: int
     * the head's backward, once log_softmax's output is replaced by its gradient;
     * each checkpointed segment's backward: inputs kept by checkpointed segments up to it,
       what runs before it un-checkpointed, its own recomputed activations, the gradient
-      arriving at its output and one layer's backward extra.
+      arriving at its output and one layer's backward extra;
+    * each layer's backward in a segment run plainly (as `checkpoint_sequential` runs its last
+      one): what is kept before the segment, what the segment's layers up to this one saved,
+      the gradient arriving at the layer's output and its backward extra.
     """
     spans = [(int(a), int(b), bool(c)) for a, b, c in segments]
     n = len(layers)
@@ -836,6 +839,8 @@ def chain_peak_bytes(layers: list[LayerBytes], segments, tokens: int, vocab: int
             peaks.append(before + kept(a) + recomputed + grad_out + extra)
             before += kept(a)
         else:
+            peaks += [before + saved(a, i + 1) + run_input(a) + layers[i].out_bytes
+                      + layers[i].backward_extra_bytes for i in range(a, b)]
             before += saved(a, b) + run_input(a)
     return max(peaks)
 

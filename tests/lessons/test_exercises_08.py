@@ -27,7 +27,8 @@ def test_only_the_7b_fits_one_141gb_gpu_by_its_state():
 def test_planner_reads_low_most_at_the_densest_by_the_op_by_op_formula():
     """Independent of the measurement: lesson 7's op-by-op formula, which matches a measured
     step within 2% (lesson 8 asserts it), lies above the planner on every plan, most at the
-    densest one."""
+    densest one. The plans are the planner's: checkpoint_sequential's segments of k blocks,
+    the last one run plainly."""
     cfg, x, _ = exercises.lesson08.course_gpt()
     b, t = x.shape
     small = capacity.TransformerConfig(cfg.n_layer, cfg.n_embd, cfg.n_head, t, vocab=cfg.vocab_size,
@@ -35,10 +36,12 @@ def test_planner_reads_low_most_at_the_densest_by_the_op_by_op_formula():
     planned = {r.strategy: r.activation_bytes for r in capacity.strategy_rows(small, 2 ** 40)
                if r.accumulation_steps == 1}
     layers = formulas.gpt_layers(b, t, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, 4, False)
+    L, n = cfg.n_layer, cfg.n_layer + 2                  # embedding, L blocks, head
     by_formula = {}
-    for name, policy in (("none", "none"), ("segments of 1 block", "every"), ("segments of 2 blocks", "every:2")):
-        segs = build_model(cfg, policy=policy).segments()
-        by_formula[name] = formulas.chain_peak_bytes(layers, segs, b * t, cfg.vocab_size, 4) / planned[name]
+    for name, k in (("none", 0), ("segments of 1 block", 1), ("segments of 2 blocks", 2)):
+        spans = [(0, n, False)] if not k else ([(0, 1, False)] + [         # checkpoint_sequential's
+            (1 + j * k, 1 + (j + 1) * k, True) for j in range(L // k - 1)] + [(1 + L - k, n, False)])
+        by_formula[name] = formulas.chain_peak_bytes(layers, spans, b * t, cfg.vocab_size, 4) / planned[name]
     assert min(by_formula.values()) > 1 and max(by_formula, key=by_formula.get) == "segments of 1 block"
     measured = exercises.lesson08.planner_ratios()
     assert min(measured.values()) > 1 and exercises.lesson08.planner_error() == ("low", "segments of 1")
@@ -104,6 +107,11 @@ def test_the_lora_state_judge_accepts_the_solution_and_rejects_plausible_mistake
         assert exercises.check("08.lora_state", wrong) is False
         out = capsys.readouterr().out
         assert "✗" in out and "expected" in out and "frozen" in out
+    def unsolved(shapes, other_params, r, base_bits=16, optimizer="adamw"):
+        ...
+
+    assert exercises.check("08.lora_state", unsolved) is False
+    assert "not answered yet" in capsys.readouterr().out
     assert exercises.check("08.lora_state", lambda *a, **k: 1 / 0) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out
     assert exercises.check("08.lora_state", 123) is False
@@ -159,3 +167,23 @@ def test_in_your_code_oom_ladder_raises_when_no_rung_fits():
 
     with pytest.raises(RuntimeError, match="no configuration fits"):
         exec(code, {"ladder": [1, 2, 4], "train_step": train_step, "model": torch.nn.Linear(2, 2)})
+
+
+def test_the_planners_plan_is_the_one_measured():
+    """Lesson 8 measures "segments of k blocks" as the planner prices it: checkpoint_sequential
+    over the blocks, the last segment run plainly; the op-by-op formula of that plan matches the
+    measured step exactly."""
+    from ckpt_lab import track_memory
+    cfg, x, y = exercises.lesson08.course_gpt()
+    L, n = cfg.n_layer, cfg.n_layer + 2
+    layers = formulas.gpt_layers(x.shape[0], x.shape[1], L, cfg.n_embd, cfg.n_head, cfg.vocab_size, 4, False)
+    for k in (1, 2):
+        model = build_model(cfg)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        with track_memory() as mem:
+            exercises.lesson08.gpt_step(model, x, y, k).backward()
+        spans = [(0, 1, False)] + [(1 + j * k, 1 + (j + 1) * k, True) for j in range(L // k - 1)] \
+            + [(1 + L - k, n, False)]
+        assert formulas.chain_peak_bytes(layers, spans, x.numel(), cfg.vocab_size, 4) == pytest.approx(
+            mem.peak_bytes, rel=0.01)

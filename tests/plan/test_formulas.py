@@ -180,6 +180,32 @@ def test_chain_peak_bytes_validates_segments():
         F.gpt_layers(0, 4, 1, 8, 2, 16)
 
 
+def test_chain_peak_bytes_counts_a_plainly_run_blocks_backward():
+    """checkpoint_sequential runs its last segment plainly: that segment's block backward can
+    set the peak (a GPT block's backward temporaries at a small vocabulary), one candidate
+    that the checkpointed segments and the loss do not cover."""
+    from ckpt_lab import track_memory
+    from ckpt_lab.training.models import GPTConfig, build_model
+    torch.manual_seed(0)
+    B, T, L, H, V = 2, 64, 4, 128, 256
+    model = build_model(GPTConfig(block_size=T, n_layer=L, n_head=4, n_embd=H, dropout=0.0))
+    x = torch.randint(0, V, (B, T))
+    layers = F.gpt_layers(B, T, L, H, 4, V, 4, False)
+    spans = [(0, 1, False)] + [(1 + j, 2 + j, True) for j in range(L - 1)] + [(L, L + 2, False)]
+    embed, *blocks, head = model.layers()
+
+    def loss():                      # no name holds the blocks' output through backward
+        h = torch.utils.checkpoint.checkpoint_sequential(
+            torch.nn.Sequential(*blocks), L, embed(x), use_reentrant=False)
+        return model.loss(head(h), x)
+
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with track_memory() as mem:
+        loss().backward()
+    assert F.chain_peak_bytes(layers, spans, B * T, V, 4) == pytest.approx(mem.peak_bytes, rel=0.01)
+
+
 def test_predicted_peak_matches_measured_over_a_sweep():
     from benchmarks import bench_formulas
     rows = bench_formulas.sweep(quick=True)

@@ -1,7 +1,8 @@
 """Exercises of lesson 9 (do the articles' numbers hold?): three committed predictions, each
 answer computed from `ckpt_lab.plan.formulas`, whose chain model the lesson holds to measurements;
-and one build task, article B's checkpointed memory written correctly, judged against the step
-peaks torch's `checkpoint_sequential` reaches under `track_memory`."""
+and one build task, the step peak of GPT blocks in S segments from three measured numbers (what
+a block keeps, what it passes on, the plain step's peak), judged against the step peaks torch's
+`checkpoint_sequential` reaches under `track_memory`."""
 from __future__ import annotations
 
 import math
@@ -10,15 +11,16 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from ckpt_lab import formulas, track_memory
-from ckpt_lab.training.models import MLPBlock
+from ckpt_lab import formulas, profile_layers, track_memory
+from ckpt_lab.training.models import GPTConfig, build_model
 
 from .base import GIB, Exercise, _number, near
 
 
 def true_saving_100_10() -> float:
-    """Fraction of the step peak 10 segments save on 100 one-tensor layers: (19 + 1) / (100 + 1)
-    units kept: the kept segment inputs, the last segment's layers, the gradient in flight."""
+    """Fraction of the step peak 10 segments save on 100 one-tensor layers (article 2's model):
+    (19 + 1) / (100 + 1) units kept: the kept segment inputs, the last segment's layers, the
+    gradient in flight."""
     peak = formulas.chain_step_peak_bytes
     return 1 - peak(100, 10, 1) / peak(100, 1, 1)
 
@@ -67,9 +69,9 @@ def _best_segments_transformer(answer):
 
 
 def accumulation_bound() -> float:
-    """At most what checkpointing plus accumulation can divide the step peak of a model of 7e9
-    parameters by (60 GiB of activations on top of mixed-precision Adam's state):
-    (state + activations) / state."""
+    """At most what checkpointing plus accumulation can divide the total peak (model state
+    included) of a model of 7e9 parameters by (60 GiB of activations on top of mixed-precision
+    Adam's state): (state + activations) / state."""
     state = formulas.model_state_bytes(7_000_000_000, "mixed", "adam")
     return (state + 60 * GIB) / state
 
@@ -82,88 +84,104 @@ _accumulation_bound = near(
          "parameter (formulas.model_state_bytes(7e9, 'mixed', 'adam')).")
 
 
-# The build task: (L, S) pairs the learner's formula must meet, and the chain's sizes (B, T, H),
-# fp32. One layer's tensor (a unit) is B T H 4 = 32 KiB; a block's weight gradient, 1 KiB,
-# stays within the tolerance.
-FORMULA_CASES = ((100, 10), (48, 7), (30, 4), (16, 1), (12, 12), (20, 3))
-FORMULA_SIZES = (4, 128, 16)
-FORMULA_TOLERANCE = 0.03
+# The build task: (L, S) pairs of GPT blocks the learner's prediction must meet, at a tiny size
+# (fp32, CPU, one thread). A block keeps about 18 times what it passes on (A = 18 X).
+GPT_CASES = ((12, 1), (12, 2), (12, 3), (12, 5), (12, 7), (12, 12), (8, 3), (8, 8))
+GPT_SIZE = dict(block_size=32, n_head=2, n_embd=32, batch=4)
+GPT_TOLERANCE = 0.01
 
 
 @lru_cache(maxsize=None)
-def measured_step_peak(L: int, S: int, B: int, T: int, H: int) -> int:
-    """Step peak (activations) of L blocks Linear -> ReLU (width H, on B T tokens, fp32) in S
-    segments under torch's checkpoint_sequential; the weights' gradients exist first."""
+def gpt_blocks(L: int):
+    """L blocks of the course's GPT at GPT_SIZE (seed 0, no dropout), and their input: the
+    embedding's output for a batch of token ids."""
+    size = dict(GPT_SIZE)
+    batch = size.pop("batch")
     torch.manual_seed(0)
-    chain = nn.Sequential(*[MLPBlock(H) for _ in range(L)])
-    x = torch.randn(B * T, H)
-    for p in chain.parameters():
+    model = build_model(GPTConfig(n_layer=L, dropout=0.0, **size))
+    blocks = nn.Sequential(*model.blocks())
+    with torch.no_grad():
+        h = model.layers()[0](torch.randint(0, 256, (batch, size["block_size"])))
+    return blocks, h
+
+
+@lru_cache(maxsize=None)
+def measured_gpt_peak(L: int, S: int) -> int:
+    """Step peak (activations) of `gpt_blocks(L)` in S segments under torch's
+    checkpoint_sequential, `.sum().backward()`; the weights' gradients exist first."""
+    blocks, h = gpt_blocks(L)
+    for p in blocks.parameters():
         p.grad = torch.zeros_like(p)
-    run, threads = torch.utils.checkpoint.checkpoint_sequential, torch.get_num_threads()
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)                     # tiny tensors: one thread is faster
     try:
-        with track_memory() as mem:              # no name holds the output through backward
-            run(chain, S, x, use_reentrant=False).sum().backward()
+        with track_memory() as mem:
+            run = torch.utils.checkpoint.checkpoint_sequential
+            run(blocks, S, h, use_reentrant=False).sum().backward()
     finally:
         torch.set_num_threads(threads)
     return mem.peak_bytes
 
 
-def _formula_hint(rows, unit: int) -> str:
-    """Why a formula misses: the measured peak minus the learner's, in units, per (L, S)."""
-    short = {(L, S): (measured - got) / unit for L, S, got, measured in rows}
+@lru_cache(maxsize=None)
+def gpt_pieces(L: int) -> tuple[int, int, int]:
+    """(A, X, plain peak) of `gpt_blocks(L)`: what one block keeps for backward and what it
+    passes on (`profile_layers` of a middle block), and the step peak without checkpoints."""
+    blocks, h = gpt_blocks(L)
+    prof = profile_layers(blocks[:3], h, repeats=1)
+    return prof[1].act_bytes, prof[1].out_bytes, measured_gpt_peak(L, 1)
+
+
+def _gpt_hint(rows, X: int) -> str:
+    """Why a prediction misses: the measured peak minus the learner's, in units of X."""
+    short = {(L, S): (measured - got) / X for L, S, got, measured in rows}
     worst = max(short, key=lambda k: abs(short[k]))
     L, S = worst
-    where = (f"At L = {L}, S = {S} yours is {abs(short[worst]):.1f} units (one unit: one "
-             f"layer's tensor) {'below' if short[worst] > 0 else 'above'} the measured step "
-             "peak. ")
-    if all(abs(v - 1) < 0.2 for v in short.values()):
-        return where + ("One unit short everywhere: backward's first gradient (one layer's tensor) "
-                        "is alive at the peak too.")
-    if all(abs(v) < 0.2 for k, v in short.items() if k[0] % k[1] == 0):
+    side = "below" if short[worst] > 0 else "above"
+    where = (f"At L = {L}, S = {S} yours is {abs(short[worst]):.1f} X {side} the measured step "
+             "peak (X: the bytes a block passes on). ")
+    if all(abs(abs(v) - 1) < 0.2 for v in short.values()):
+        return where + ("One X off at every S: count the kept inputs again. The first segment's "
+                        "input is the model's input, held by the caller.")
+    if any(abs(v) > 0.2 for (L, S), v in short.items() if S == 1):
+        return where + ("At S = 1 yours should give the plain step's peak itself. What the plain "
+                        "step holds beyond L A is backward's working memory, and checkpointing "
+                        "leaves it alone.")
+    if all(abs(v) < 0.2 for (L, S), v in short.items() if L % S == 0):
         return where + ("Right where S divides L, wrong elsewhere: checkpoint_sequential gives "
                         "each segment L // S blocks and the last one all the rest.")
-    if short[worst] > 0:
-        return where + ("Count what is alive at the start of backward: the inputs of the S - 1 "
-                        "checkpointed segments, every layer of the last segment, and the first "
-                        "gradient.")
-    return where + ("Too much: the first segment's input is the model's input (held by the "
-                    "caller, not counted), and the checkpointed segments keep only their inputs.")
+    return where + ("A checkpoint keeps its segment's input, X bytes, not the A bytes a block "
+                    "keeps: a GPT block keeps about 18 X.")
 
 
-def _step_peak_formula(answer):
+def _gpt_step_peak(answer):
     if not callable(answer):
-        return False, ("Pass your function itself: exercises.check('09.step_peak_formula', "
-                       "step_peak), a function (L, S, B, T, H, byte_per=2) -> bytes.")
-    B, T, H = FORMULA_SIZES
-    unit = B * T * H * 4
+        return False, ("Pass your function itself: exercises.check('09.gpt_step_peak', "
+                       "gpt_step_peak), a function (L, S, A, X, plain_peak) -> bytes.")
     rows = []
-    for L, S in FORMULA_CASES:
+    for L, S in GPT_CASES:
+        A, X, plain = gpt_pieces(L)
         try:
-            got = answer(L, S, B, T, H, byte_per=4)
+            got = answer(L, S, A, X, plain)
         except Exception as e:  # the learner's code: report, do not raise
-            return False, (f"step_peak({L}, {S}, {B}, {T}, {H}, byte_per=4) raised "
+            return False, (f"gpt_step_peak({L}, {S}, {A}, {X}, {plain}) raised "
                            f"{type(e).__name__}: {e}")
         if got is None:
-            return False, ("not answered yet: step_peak returns None. Write its body: count the "
-                           "tensors alive at the step peak (the hint above the cell).")
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            return False, f"step_peak should return a number of bytes, got {got!r}."
-        rows.append((L, S, got, measured_step_peak(L, S, B, T, H)))
-    off = [(L, S, got / measured) for L, S, got, measured in rows
-           if abs(got / measured - 1) > FORMULA_TOLERANCE]
-    if off:
-        return False, _formula_hint(rows, unit)
-    yours = answer(100, 10, 8, 512, 1024)
-    theirs = (10 + 1 + 2) * 8 * 512 * 1024 * 2      # article B's: 11 boundaries + "2 layers"
-    return True, (f"Within {FORMULA_TOLERANCE:.0%} of torch's checkpoint_sequential at "
-                  f"{len(rows)} depths and segment counts. At article B's size yours gives "
-                  f"{yours / 2 ** 20:,.0f} MiB for 10 segments of 100 layers; its formula "
-                  f"gives {theirs / 2 ** 20:,.0f} MiB.")
+            return False, ("not answered yet: gpt_step_peak returns None. Write its body: what "
+                           "is alive when backward reaches the last segment (the hint above).")
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != got:
+            return False, f"gpt_step_peak should return a number of bytes, got {got!r}."
+        rows.append((L, S, got, measured_gpt_peak(L, S)))
+    if any(abs(got / measured - 1) > GPT_TOLERANCE for _, _, got, measured in rows):
+        return False, _gpt_hint(rows, gpt_pieces(GPT_CASES[0][0])[1])
+    A, X, _ = gpt_pieces(12)
+    return True, (f"Within {GPT_TOLERANCE:.0%} of torch's checkpoint_sequential at {len(rows)} "
+                  f"depths and segment counts, where a block keeps {A / X:.0f} times what it "
+                  "passes on. Article 1's (L - S)/L assumes the two are equal.")
 
 
 EXERCISES = [
-    Exercise("09.true_saving_100_10", "Article B's model (one B x T x H tensor per layer), 100 "
+    Exercise("09.true_saving_100_10", "Article 2's model (one B x T x H tensor per layer), 100 "
              "layers, torch's checkpoint_sequential with 10 segments: what fraction of the step "
              "peak does it really save (a number between 0 and 1)?", _true_saving_100_10,
              expected=true_saving_100_10),
@@ -173,10 +191,12 @@ EXERCISES = [
     Exercise("09.accumulation_bound", "A model of 7e9 parameters (not Llama 2 7B's 6.74e9) "
              "trained with mixed-precision Adam (16 bytes per parameter) whose activations take "
              "60 GiB without checkpointing: by at most "
-             "what factor can checkpointing plus accumulation lower the step peak?",
+             "what factor can checkpointing plus accumulation lower its total peak (model state "
+             "included)?",
              _accumulation_bound, expected=accumulation_bound),
-    Exercise("09.step_peak_formula", "Build task: pass your function step_peak(L, S, B, T, H, "
-             "byte_per=2), the step peak (activations) in bytes of article B's model, L layers "
-             "that each keep one B x T x H tensor, in S segments under checkpoint_sequential. "
-             "It is checked against track_memory at several L and S.", _step_peak_formula),
+    Exercise("09.gpt_step_peak", "Build task: pass your function gpt_step_peak(L, S, A, X, "
+             "plain_peak), the step peak (activations) in bytes of L GPT blocks in S segments "
+             "under checkpoint_sequential, from what one block keeps (A), what it passes on (X) "
+             "and the step peak without checkpoints. It is checked against track_memory at "
+             "several L and S.", _gpt_step_peak),
 ]

@@ -1,7 +1,8 @@
 """Exercises of lesson 10 (your own model): three committed predictions about the lesson's default
-model, each answer measured (profile_layers, the planner, PyTorch's checkpoint) when judged; and one
-build task, a function that checkpoints any model's blocks to fit a budget, judged by running it
-on two models and measuring the step (its peak, its gradients, the blocks it recomputes)."""
+model, each answer measured when judged (profile_layers, the planner on that profile, PyTorch's
+checkpoint); and one build task, a function that checkpoints any model's blocks to fit a
+budget, judged by running it on two models and measuring the step (its peak, its gradients,
+the blocks it recomputes)."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -12,7 +13,7 @@ from torch import nn
 
 from ckpt_lab.checkpoint import checkpoint
 
-from .base import Exercise, _number, near, one_of
+from .base import Exercise, _number, one_of
 from .lesson02 import _dropout_chain, _grads
 
 WIDTH, BATCH = 128, 512        # the default model's CPU sizes (course.sizes' first values)
@@ -57,21 +58,45 @@ def _largest_layer(answer):
                    "a mask as wide as its output; the widest output wins, not the widest input.")
 
 
-def least_peak_fraction() -> float:
-    """The least step peak any plan reaches on the default model, over its plain step's."""
+def finest_and_around() -> tuple[list[int], list[int]]:
+    """Two plans of the default model: a checkpoint before every layer, and checkpoints only
+    before and after the layer that keeps the most."""
+    n, big = len(default_profile()), largest_layer()
+    return list(range(n)), sorted({0, big, big + 1} - {n})
+
+
+def finest_plan() -> str:
+    """Which of `finest_and_around`'s plans has the lower predicted step peak (or "same")."""
     from ckpt_lab import planner
     profile = list(default_profile())
-    return planner.minimum_peak(profile) / planner.step_peak_bytes([0], profile)
+    every, around = (planner.step_peak_bytes(p, profile) for p in finest_and_around())
+    return "same" if every == around else "around the largest" if around < every else "every layer"
 
 
-_least_peak = near(
-    least_peak_fraction, 0.05,
-    right="{expected:.2f}: checkpointing frees what the layers keep, not the largest layer's own "
-          "activations or backward's working memory, which bound it.",
-    low="Too low: even the finest plan must hold one segment's activations, the inputs kept "
-        "before it, and backward's working memory (gradients).",
-    high="Too high: a fine plan keeps only small boundary tensors while one segment at a time is "
-         "rebuilt.")
+def _finest_facts() -> dict:
+    from ckpt_lab import planner
+    profile = list(default_profile())
+    every, around = finest_and_around()
+    none = planner.step_peak_bytes([0], profile)
+    return dict(every=planner.step_peak_bytes(every, profile) / none,
+                around=planner.step_peak_bytes(around, profile) / none, plan=around,
+                big=largest_layer())
+
+
+_finest_plan = one_of(
+    ("every layer", "around the largest", "same"), finest_plan, normalise=str.lower,
+    right="Around the largest: {plan} peaks at {around:.0%} of the plain step, every layer at "
+          "{every:.0%}. A checkpoint keeps its segment's input until backward gets there, so with "
+          "one before every layer all the earlier layers' outputs are alive while layer {big} is "
+          "rebuilt; {plan} keeps only layer {big}'s own input.",
+    hints={"every layer": "More checkpoints keep more inputs alive. While backward rebuilds layer "
+                          "{big} (it cannot be split), the output every earlier checkpoint kept "
+                          "is still held: {every:.0%} of the plain step against {around:.0%} "
+                          "for {plan}.",
+           "same": "Count what is alive while layer {big} is rebuilt: with a checkpoint before "
+                   "every layer, every earlier layer's output waits too ({every:.0%} of the "
+                   "plain step against {around:.0%})."},
+    wrong="It is {expected}.", facts=_finest_facts)
 
 
 def rng_matters_for_dropout() -> bool:
@@ -215,9 +240,10 @@ EXERCISES = [
     Exercise("10.largest_layer", "The lesson's default model (blocks Linear -> GELU -> Dropout, "
              "widths 64 -> 4W -> 4W -> W/2 -> 8W -> W -> W -> 10): which layer index keeps the "
              "most bytes for backward?", _largest_layer, expected=largest_layer),
-    Exercise("10.least_peak", "On the default model, what is the least step peak any "
-             "checkpointing plan reaches, as a fraction of the step peak without checkpoints?",
-             _least_peak, expected=least_peak_fraction),
+    Exercise("10.finest_plan", "On the default model: a checkpoint before every layer, or "
+             "checkpoints only before and after the layer that keeps the most: which plan has "
+             "the lower step peak? Answer 'every layer', 'around the largest' or 'same'.",
+             _finest_plan, expected=finest_plan),
     Exercise("10.rng_replay", "A model with Dropout, checkpointed with preserve_rng_state=False: "
              "do its gradients differ from a plain run's? Answer True or False.", _rng_replay,
              expected=rng_matters_for_dropout),

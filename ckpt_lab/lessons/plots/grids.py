@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .style import PHASE_COLORS, RUN_COLORS, _axes
+from .style import PHASE_COLORS, _axes
 
 
 VERDICTS = ("right", "WRONG, silently", "refuses")
@@ -176,27 +176,32 @@ def segment_plans(plans: dict[str, list[tuple[int, int]]], layers: int, boundari
     return fig
 
 
-def ladder_paths(paths: dict, notes: dict | None = None, ax=None,
+def ladder_paths(paths: dict, notes: dict | None = None,
                  title="The out-of-memory ladder, three orders (measured)"):
-    """Each order's rungs on a (checkpointing, micro-batch) grid: x = blocks per segment (0 =
-    none), y = micro-batch; x marks a rung that ran out of memory, a star the one that fit.
+    """Small multiples, one panel per order, on a shared (checkpointing, micro-batch) grid:
+    x = blocks per segment (0 = none), y = micro-batch; each rung numbered in the order tried,
+    x where it ran out of memory, a star where it fit; the panel's title names the order and
+    `notes[order]` (its cost).
     `paths`: order -> [(checkpoint_every, micro_batch, fits), ...]; `notes`: order -> text."""
-    fig, ax = _axes(ax, (8, 3.6))
     xs = sorted({e for p in paths.values() for e, _, _ in p}, key=lambda e: (e != 0, -e))
     ys = sorted({m for p in paths.values() for _, m, _ in p})
     col = {e: i for i, e in enumerate(xs)}
-    for k, (name, path) in enumerate(paths.items()):
-        color = RUN_COLORS[k % len(RUN_COLORS)]
-        off = 0.08 * (k - (len(paths) - 1) / 2)
-        pts = [(col[e] + off, ys.index(m) + off) for e, m, _ in path]
-        ax.plot(*zip(*pts), "-", color=color, lw=1.2, alpha=0.8,
-                label=name + (f": {notes[name]}" if notes and name in notes else ""))
-        for (x, y), (_, _, fits) in zip(pts, path):
-            ax.plot(x, y, "*" if fits else "x", color=color, ms=13 if fits else 7)
-    ax.set_xticks(range(len(xs)), ["none" if e == 0 else f"segments of {e}" for e in xs])
-    ax.set_yticks(range(len(ys)), [str(m) for m in ys])
-    ax.set(title=title + " · x = out of memory, * = fits", xlabel="checkpointing",
-           ylabel="micro-batch")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig, axes = plt.subplots(1, len(paths), figsize=(3.3 * len(paths), 3.4), sharey=True,
+                             squeeze=False)
+    for ax, (name, path) in zip(axes[0], paths.items()):
+        pts = [(col[e], ys.index(m)) for e, m, _ in path]
+        ax.plot(*zip(*pts), "-", color="tab:gray", lw=1, zorder=1)
+        for n, ((x, y), (_, _, fits)) in enumerate(zip(pts, path), 1):
+            ax.plot(x, y, "*" if fits else "x", color="black", ms=14 if fits else 8, zorder=2)
+            ax.annotate(str(n), (x, y), xytext=(5, 5), textcoords="offset points", fontsize=8)
+        ax.set_xticks(range(len(xs)), ["none" if e == 0 else f"seg. of {e}" for e in xs],
+                      rotation=30, fontsize=8)
+        ax.set_xlim(-0.5, len(xs) - 0.5)
+        ax.set_ylim(-0.5, len(ys) - 0.5)
+        ax.set_title(name + (f"\n{notes[name]}" if notes and name in notes else ""), fontsize=9)
+        ax.set_xlabel("checkpointing (blocks per segment)", fontsize=8)
+    axes[0][0].set_yticks(range(len(ys)), [str(m) for m in ys])
+    axes[0][0].set_ylabel("micro-batch")
+    fig.suptitle(title + " · rungs numbered, x = out of memory, * = fits", fontsize=10)
     fig.tight_layout()
     return fig

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 from .style import GIB, MEASURED, MIB, NEUTRAL_COLORS, PHASE_COLORS, PREDICTED, _axes
 
 
-LAYER_PARTS = {"s × s scores (softmax, dropout)": ("softmax output", "attention dropout mask",
+LAYER_PARTS = {"T × T scores (softmax, dropout)": ("softmax output", "attention dropout mask",
                                                    "attention dropout output (for x V)"),
                "MLP at its intermediate width": ("GeLU input (intermediate)", "SiLU output",
                                                  "MLP down-projection input (intermediate)",
@@ -97,7 +97,7 @@ def layer_profile(profile, flops, title="What each layer keeps, passes on and ne
 
 def plan_profile(profile, boundaries, measured: dict, predicted: dict, budget_bytes: int,
                  activation_only: dict | None = None,
-                 title="Your model: what each layer keeps, the plan, and the step peak"):
+                 title="Your model: what each layer keeps, the plan, the step peak (activations)"):
     """Two panels. Left: each layer's saved bytes (bars; recompute orange for layers a
     checkpointed segment will recompute), its output (the marker: what a checkpoint keeps) and
     the plan's segment starts. Right: measured step peaks (bars) per plan, the step model's
@@ -127,7 +127,7 @@ def plan_profile(profile, boundaries, measured: dict, predicted: dict, budget_by
         right.plot(names, [activation_only[k] / MIB for k in names], "_", color=MEASURED,
                    ms=40, mew=2, ls="", label="activation model")
     right.axhline(budget_bytes / MIB, color=PREDICTED, ls=":", lw=1, label="budget")
-    right.set(title="step peak", ylabel="MiB")
+    right.set(title="step peak (activations)", ylabel="MiB")
     right.set_ylim(0, 1.35 * max(measured.values()) / MIB)
     right.legend(fontsize=7, loc="upper right", markerscale=0.3)
     fig.suptitle(title)
