@@ -21,7 +21,6 @@ build. Publish OUT as it is (GitHub Pages: see README).
 from __future__ import annotations
 
 import argparse
-import base64
 import html
 import posixpath
 import re

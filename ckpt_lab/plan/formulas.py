@@ -10,7 +10,6 @@ articles' formulas, as they stand and corrected, are lesson 9's: ckpt_lab.lesson
 """
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from functools import lru_cache

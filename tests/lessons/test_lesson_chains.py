@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from ckpt_lab import planner, profile_layers
-from ckpt_lab.measure import memory
 from ckpt_lab.plan import profile
 from ckpt_lab.lessons import widgets
 

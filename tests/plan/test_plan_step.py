@@ -253,7 +253,6 @@ def test_profile_leaves_grads_batchnorm_statistics_and_rng_alone():
 
 
 def test_backward_work_bytes_leaves_grad_alone():
-    from ckpt_lab.measure import memory
     torch.manual_seed(0)
     lin = nn.Linear(8, 32)
     lin.weight.grad = torch.ones_like(lin.weight)

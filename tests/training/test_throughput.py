@@ -1,7 +1,6 @@
 """Throughput at equal global batch: the budget search against brute force, the setups a budget
 gives, FLOPs per step, and measure_throughput's rows (tiny sizes; times not judged)."""
 import pytest
-import torch
 
 from ckpt_lab.training.data import TextBatches, load_corpus
 from ckpt_lab.training.models import build_model, get_config
