@@ -1,5 +1,6 @@
 """Lesson 10 invites a learner's own model: its gradient check runs on a token model too."""
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import torch
@@ -21,12 +22,15 @@ def test_gradient_check_runs_on_a_ckpt_lab_gpt_fed_token_ids():
     model = build_model(cfg, "none").train()
     x, _ = TextBatches(load_corpus(), 2, cfg.block_size, seed=0).get(0)
     layers = list(model.layers())
-    scope = {"torch": torch, "nn": nn, "model": model, "x": x, "layers": layers}
+    plan = SimpleNamespace(boundaries=[0, 2])  # the cell applies the lesson's plan
+    scope = {"torch": torch, "nn": nn, "model": model, "x": x, "layers": layers, "plan": plan,
+             "rng_guess": SimpleNamespace(reveal=lambda: None)}  # the prediction it answers
     exec(_cell("def run_plan(t, starts"), scope)
     plain = scope["gradients"](lambda t: scope["run_plan"](t, [0]))
     planned = scope["gradients"](lambda t: scope["run_plan"](t, [0, 2]))
     assert len(plain) == len(list(model.parameters()))          # token ids take no gradient
     assert all(torch.equal(a, b) for a, b in zip(plain, planned))
+    assert scope["same"](scope["planned"])                      # the cell's own verdict
 
 
 def test_the_lesson_names_containers_its_cells_accept():
