@@ -78,9 +78,11 @@ def badges_markdown(name: str) -> str:
             f"[![Binder](https://mybinder.org/badge_logo.svg)]({binder_url(name)})")
 
 
-def lesson_links_markdown() -> str:
-    """A Markdown list linking every lesson, numbered (each lesson carries its own Colab badge)."""
-    return "\n".join(f"- {name[:2]}: [{title}]({name}.ipynb)" for name, title in LESSONS.items())
+def lesson_links_markdown(numbers=None) -> str:
+    """A Markdown list linking the lessons numbered in `numbers` (all by default), each with its
+    number (each lesson carries its own Colab badge)."""
+    return "\n".join(f"- {name[:2]}: [{title}]({name}.ipynb)" for name, title in LESSONS.items()
+                     if numbers is None or int(name[:2]) in numbers)
 
 
 def install_spec(version: str | None = None) -> str:

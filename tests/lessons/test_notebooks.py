@@ -301,4 +301,21 @@ def test_the_tour_lists_every_lesson_by_its_current_title():
     """The tour's course list is course.lesson_links_markdown(), so a retitled lesson cannot
     leave the tour naming it by an old title."""
     cells = [c.source for c in _read(NB_DIR / "00_tour.ipynb").cells if c.cell_type == "markdown"]
-    assert any(course.lesson_links_markdown() in s for s in cells)
+    core, rest = range(0, 6), range(6, len(course.LESSONS))
+    assert any(course.lesson_links_markdown(core) in s for s in cells)
+    assert any(course.lesson_links_markdown(rest) in s for s in cells)
+
+
+def test_the_tour_groups_the_lessons_as_the_course_map_paths_do():
+    """The tour names the core, the practitioner's lessons and the optional ones by number;
+    the README's course map (tools/course_map.PATHS) is where those paths are defined."""
+    sys.path.insert(0, str(NB_DIR.parent / "tools"))
+    import course_map
+    text = next(c.source for c in _read(NB_DIR / "00_tour.ipynb").cells
+                if c.source.startswith("Then the practitioner's lessons"))
+    paths = {name: [int(n[:2]) for n in lessons] for name, lessons, _ in course_map.PATHS}
+    assert paths["The core"] == list(range(0, 6))
+    optional = sorted(n for name, ns in paths.items() if name.startswith("Optional") for n in ns)
+    named = ", ".join(map(str, paths["The practitioner's lessons"]))
+    assert f"practitioner's lessons ({named})" in text
+    assert f"optional ones ({', '.join(map(str, optional))})" in text
