@@ -7,7 +7,6 @@ PyTorch's (output and gradients bit for bit, FLOPs) and the step peak formula, a
 sweep of the step peak over S."""
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 from ckpt_lab import formulas
 
 from .base import Exercise, _number, near, one_of
+from .threads import one_thread
 
 MOMENTS = ("end of forward", "start of backward", "a recompute tooth")
 
@@ -148,17 +148,6 @@ NOT_ANSWERED = ("not answered yet (your function raises NotImplementedError or r
                 "write its body, then run the cell again.")
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Tiny tensors run fastest, and steadiest on a busy machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def build_chain(dropout: float = 0.0, layers: int = BUILD_LAYERS, width: int = BUILD_WIDTH,
                 tokens: int = BUILD_TOKENS):
     """(blocks, x): `layers` MLP blocks with their parameter gradients allocated, and an input."""
@@ -225,7 +214,7 @@ def _flops(run, blocks, S, x) -> int:
 def _reference(S: int) -> list:
     """PyTorch's output and gradients for S segments on the dropout chain (measured once)."""
     blocks, x = build_chain(dropout=0.1)
-    with _one_thread():
+    with one_thread():
         return _step(torch_checkpoint_sequential, blocks, S, x)
 
 
@@ -233,7 +222,7 @@ def _reference(S: int) -> list:
 def _torch_flops(S: int) -> int:
     """FLOPs PyTorch's checkpoint_sequential counts for S segments (measured once)."""
     blocks, x = build_chain()
-    with _one_thread():
+    with one_thread():
         return _flops(torch_checkpoint_sequential, blocks, S, x)
 
 
@@ -253,7 +242,7 @@ def _judge_build(answer):
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(map(callable, answer))):
         return False, ("Pass both functions themselves: "
                        "check(key, (my_checkpoint_sequential, peak_sweep)).")
-    with _one_thread():
+    with one_thread():
         ok, message = _judge_checkpoint_sequential(answer[0])
         if not ok:
             return False, f"my_checkpoint_sequential: {message}"

@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ckpt_lab.training.models import GPTConfig, build_model
 
 from .base import Exercise, _number, near, one_of
+from .threads import one_thread
 
 # The lesson's CPU sizes (course.sizes picks them on a CPU).
 LAYERS, HIDDEN, HEADS, SEQ, BATCH = 4, 128, 4, 64, 4
@@ -108,13 +109,9 @@ def core_time_over_flop_share(repeats: int = 5) -> float:
     model, idx = _gpt()
     plain = _flops(lambda: model(idx, idx).backward())
     cores = LAYERS * 4 * BATCH * SEQ ** 2 * HIDDEN          # Q K^T and . V, 2 B T^2 H each
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)          # one thread: on a busy CPU a thread pool blurs the split
-    try:
+    with one_thread():  # on a busy CPU a thread pool blurs the split
         time_share = forward_share(lambda: (model(idx, idx).backward(), model.zero_grad()),
                                    [b.attn.core for b in model.blocks()], repeats=repeats)
-    finally:
-        torch.set_num_threads(threads)
     return time_share / (cores / plain)
 
 

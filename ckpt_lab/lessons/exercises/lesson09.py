@@ -15,6 +15,7 @@ from ckpt_lab import formulas, profile_layers, track_memory
 from ckpt_lab.training.models import GPTConfig, build_model
 
 from .base import GIB, Exercise, _number, near
+from .threads import one_thread
 
 
 def true_saving_100_10() -> float:
@@ -112,14 +113,9 @@ def measured_gpt_peak(L: int, S: int) -> int:
     blocks, h = gpt_blocks(L)
     for p in blocks.parameters():
         p.grad = torch.zeros_like(p)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                     # tiny tensors: one thread is faster
-    try:
-        with track_memory() as mem:
-            run = torch.utils.checkpoint.checkpoint_sequential
-            run(blocks, S, h, use_reentrant=False).sum().backward()
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread(), track_memory() as mem:
+        run = torch.utils.checkpoint.checkpoint_sequential
+        run(blocks, S, h, use_reentrant=False).sum().backward()
     return mem.peak_bytes
 
 

@@ -15,6 +15,7 @@ from ckpt_lab.checkpoint import checkpoint
 
 from .base import Exercise, _number, one_of
 from .lesson02 import _dropout_chain, _grads
+from .threads import one_thread
 
 WIDTH, BATCH = 128, 512        # the default model's CPU sizes (course.sizes' first values)
 
@@ -222,15 +223,11 @@ def _fit_budget(answer):
     if not callable(answer):
         return False, ("Pass your function itself: exercises.check('10.fit_budget', fit), a "
                        "function (model, step, budget_bytes) -> the handle of checkpoint_modules.")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                 # tiny models: one thread is faster, and steadier
-    try:
+    with one_thread():
         for case in range(len(fit_cases())):
             why = _fit_one(answer, case)
             if why:
                 return False, why
-    finally:
-        torch.set_num_threads(threads)
     return True, ("On both models the step fits its budget, every gradient equals a plain "
                   "step's bit for bit (dropout included), and no block is recomputed that the "
                   "budget did not need.")
