@@ -11,6 +11,7 @@ import torch
 
 from ckpt_lab import capacity, formulas as F, track_memory
 from ckpt_lab.lessons import finetune as ft
+from oracle import saved_storage_bytes
 
 bnb = pytest.importorskip("bitsandbytes")
 pytest.importorskip("peft")
@@ -102,19 +103,8 @@ def _lora(rank: int = 16):
 def _saved_bytes(model, x) -> int:
     """Bytes of the distinct tensors autograd saves in a forward under bf16 autocast, the
     model's own parameters (frozen or not, quantised or not) left out."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            torch.autocast("cpu", dtype=torch.bfloat16):
-        model(input_ids=x)
-    return sum(seen.values())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return saved_storage_bytes(model, input_ids=x)[0]
 
 
 def test_qlora_keeps_no_dequantised_copy_and_lora_keeps_what_the_planner_adds():

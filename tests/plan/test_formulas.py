@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from ckpt_lab import formulas as F
+from oracle import saved_storage_bytes
 
 
 def test_model_state_bytes_per_param_literature_values():
@@ -123,22 +124,6 @@ def test_flops():
         F.dense_training_flops(1, 1, 2.0)
     with pytest.raises(ValueError, match="exceed"):
         F.transformer_flops(2, h, s, b, V, "full", recomputed_layers=3)
-
-
-def saved_storage_bytes(module, x):
-    """Bytes of distinct non-parameter storages autograd saves while module(x) runs."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = module(x)
-    return sum(seen.values()), y
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
